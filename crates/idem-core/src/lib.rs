@@ -1,0 +1,20 @@
+//! idem-core: the vocabulary of idem.
+//!
+//! Owns keys, scopes, fingerprints, records and their states, the outcome policy, and the
+//! store traits. It does no I/O and knows no async runtime or database: stores implement
+//! its traits, the HTTP layer and the CLI speak its types.
+
+pub mod fingerprint;
+pub mod key;
+pub mod policy;
+pub mod record;
+pub mod store;
+
+pub use fingerprint::{Fingerprint, Fingerprinter, RequestParts};
+pub use key::{IdempotencyKey, KeyError, OwnerId, Principal, Scope, TenantId};
+pub use policy::{Outcome, OutcomePolicy};
+pub use record::{Millis, Record, RecordState, StoredResult};
+pub use store::{
+    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, ErrorKind, Finish,
+    IdempotencyStore, StoreError, StoreLimits,
+};

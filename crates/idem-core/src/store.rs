@@ -1,0 +1,404 @@
+//! The store contract: claim, finish (complete / fail), extend, get.
+//!
+//! Every store keeps the same promises, checked by `idem-conformance`:
+//! - claim is atomic: of any number of concurrent claims of one absent key exactly one
+//!   proceeds; a takeover (of FAILED_RETRYABLE, or of PROCESSING whose lease expired) is a
+//!   compare-and-set on the version, so exactly one taker wins;
+//! - finish and extend are compare-and-sets on version and owner: a stale owner changes
+//!   nothing and gets [`StoreError::Superseded`];
+//! - lease deadlines come from the store's clock, never the caller's;
+//! - bad input is rejected before anything is written.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::fingerprint::Fingerprint;
+use crate::key::{OwnerId, Principal, Scope};
+use crate::record::{Millis, Record, RecordState, StoredResult};
+
+/// Default largest stored result (status, headers, body, reference).
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
+/// Longest lease a claim may ask for.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// A request to start (or resume) the execution of an intent.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub scope: Scope,
+    pub principal: Principal,
+    pub fingerprint: Fingerprint,
+    pub owner: OwnerId,
+    /// How long the owner may hold PROCESSING before others may take over.
+    pub lease: Duration,
+}
+
+/// How a claim that proceeds got its right to execute.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ClaimKind {
+    /// The key was absent: first execution.
+    Fresh,
+    /// The record was FAILED_RETRYABLE; this claim won the retry.
+    RetryAfterFailure,
+    /// The record was PROCESSING with an expired lease; this claim took it over.
+    ExpiredLease { previous_owner: Option<OwnerId> },
+}
+
+/// Proof of a successful claim, needed to finish or extend it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimToken {
+    pub scope: Scope,
+    pub owner: OwnerId,
+    /// The record version this claim wrote; finish compares against it.
+    pub version: i64,
+    pub lease_expires_at: Millis,
+    pub attempt: i32,
+    pub kind: ClaimKind,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Execute the action, then finish with the token.
+    Proceed(ClaimToken),
+    /// Someone else is executing it now; no second side effect.
+    InProgress {
+        owner: Option<OwnerId>,
+        lease_expires_at: Millis,
+        now: Millis,
+    },
+    /// The intent already ended: return this record's result.
+    Replay(Record),
+    /// Same key, different request (fingerprint or principal): a client error.
+    Mismatch { state: RecordState },
+}
+
+impl Claim {
+    pub fn decision(&self) -> &'static str {
+        match self {
+            Claim::Proceed(_) => "proceed",
+            Claim::InProgress { .. } => "in_progress",
+            Claim::Replay(_) => "replay",
+            Claim::Mismatch { .. } => "mismatch",
+        }
+    }
+}
+
+/// What an existing record means for a new claim. Stores that decide in Rust use this;
+/// stores that decide inside the database implement the same table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Replay,
+    InProgress,
+    Mismatch,
+    TakeOver(ClaimKind),
+}
+
+/// The claim decision table (BRIEF §4) for an existing record.
+pub fn decide(existing: &Record, req: &ClaimRequest, now: Millis) -> Decision {
+    if existing.fingerprint != req.fingerprint || existing.principal != req.principal {
+        return Decision::Mismatch;
+    }
+    match existing.state {
+        RecordState::Succeeded | RecordState::FailedTerminal => Decision::Replay,
+        RecordState::FailedRetryable => Decision::TakeOver(ClaimKind::RetryAfterFailure),
+        RecordState::Processing => match existing.lease_expires_at {
+            Some(deadline) if deadline > now => Decision::InProgress,
+            _ => Decision::TakeOver(ClaimKind::ExpiredLease {
+                previous_owner: existing.owner.clone(),
+            }),
+        },
+    }
+}
+
+/// How to end a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    /// SUCCEEDED, FAILED_TERMINAL or FAILED_RETRYABLE.
+    pub state: RecordState,
+    pub result: Option<StoredResult>,
+}
+
+/// Limits a store enforces before writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    pub max_result_bytes: usize,
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        Self {
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+        }
+    }
+}
+
+impl StoreLimits {
+    pub fn check_claim(&self, req: &ClaimRequest) -> Result<(), StoreError> {
+        check_lease(req.lease)
+    }
+
+    pub fn check_finish(&self, finish: &Finish) -> Result<(), StoreError> {
+        if finish.state == RecordState::Processing {
+            return Err(StoreError::InvalidInput(
+                "a claim cannot finish in PROCESSING".into(),
+            ));
+        }
+        if let Some(result) = &finish.result {
+            let size = result.size();
+            if size > self.max_result_bytes {
+                return Err(StoreError::ResultTooLarge {
+                    size,
+                    limit: self.max_result_bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Leases must be positive and bounded.
+pub fn check_lease(lease: Duration) -> Result<(), StoreError> {
+    if lease.is_zero() || lease > MAX_LEASE {
+        return Err(StoreError::InvalidInput(format!(
+            "lease must be between 1 ms and {} s, got {} ms",
+            MAX_LEASE.as_secs(),
+            lease.as_millis()
+        )));
+    }
+    Ok(())
+}
+
+/// Backend-neutral kind of a store failure; callers branch on this, never on text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    InvalidInput,
+    Conflict,
+    NotFound,
+    Unavailable,
+    Backend,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error("result is {size} bytes; the limit is {limit}")]
+    ResultTooLarge { size: usize, limit: usize },
+    /// A compare-and-set lost: the record moved on (taken over, finished) since the
+    /// caller's claim. Nothing was changed.
+    #[error("claim on {scope} at version {version} is no longer current")]
+    Superseded { scope: String, version: i64 },
+    #[error("no record for {0}")]
+    NotFound(String),
+    /// The store could not be reached or timed out. Callers fail closed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store error: {0}")]
+    Backend(String),
+}
+
+impl StoreError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            StoreError::InvalidInput(_) | StoreError::ResultTooLarge { .. } => {
+                ErrorKind::InvalidInput
+            }
+            StoreError::Superseded { .. } => ErrorKind::Conflict,
+            StoreError::NotFound(_) => ErrorKind::NotFound,
+            StoreError::Unavailable(_) => ErrorKind::Unavailable,
+            StoreError::Backend(_) => ErrorKind::Backend,
+        }
+    }
+
+    pub fn is_superseded(&self) -> bool {
+        self.kind() == ErrorKind::Conflict
+    }
+
+    pub fn is_unavailable(&self) -> bool {
+        self.kind() == ErrorKind::Unavailable
+    }
+
+    pub fn superseded(token: &ClaimToken) -> Self {
+        StoreError::Superseded {
+            scope: token.scope.to_string(),
+            version: token.version,
+        }
+    }
+}
+
+/// A shift added to the store's clock. Production leaves it at zero; tests advance it
+/// to control timelines while time still comes from the store.
+#[derive(Debug, Clone, Default)]
+pub struct ClockShift(Arc<AtomicI64>);
+
+impl ClockShift {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn millis(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
+    }
+}
+
+/// A place idempotency records live.
+#[async_trait]
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// Short backend name: `sqlite`, `postgres`, `redis`.
+    fn backend(&self) -> &'static str;
+
+    /// Atomically decides what an arrival of this intent may do (see [`Claim`]).
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError>;
+
+    /// Ends a claim: compare-and-set on version and owner.
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError>;
+
+    /// Heartbeat: pushes the lease deadline to store-now + `lease`. Returns the new deadline.
+    async fn extend_lease(&self, token: &ClaimToken, lease: Duration)
+        -> Result<Millis, StoreError>;
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError>;
+
+    /// Whether the store's uniqueness guard on `(tenant_id, key)` is in place, read from
+    /// the live schema (stores with atomic single-key writes always answer true).
+    async fn unique_guard(&self) -> Result<bool, StoreError>;
+
+    /// SUCCEEDED with this result.
+    async fn complete(
+        &self,
+        token: &ClaimToken,
+        result: StoredResult,
+    ) -> Result<Record, StoreError> {
+        self.finish(
+            token,
+            Finish {
+                state: RecordState::Succeeded,
+                result: Some(result),
+            },
+        )
+        .await
+    }
+
+    /// FAILED_TERMINAL (stored, replayed) or FAILED_RETRYABLE (open for a retry).
+    async fn fail(
+        &self,
+        token: &ClaimToken,
+        retryable: bool,
+        result: Option<StoredResult>,
+    ) -> Result<Record, StoreError> {
+        let state = if retryable {
+            RecordState::FailedRetryable
+        } else {
+            RecordState::FailedTerminal
+        };
+        self.finish(token, Finish { state, result }).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{IdempotencyKey, TenantId};
+
+    fn req(fp: &[u8]) -> ClaimRequest {
+        ClaimRequest {
+            scope: Scope::new(
+                TenantId::new("t").unwrap(),
+                IdempotencyKey::new("k").unwrap(),
+            ),
+            principal: Principal::new("p").unwrap(),
+            fingerprint: Fingerprint::of_bytes(fp),
+            owner: OwnerId::new("o2").unwrap(),
+            lease: Duration::from_secs(3),
+        }
+    }
+
+    fn record(state: RecordState, lease: Option<Millis>) -> Record {
+        Record {
+            tenant: TenantId::new("t").unwrap(),
+            key: IdempotencyKey::new("k").unwrap(),
+            principal: Principal::new("p").unwrap(),
+            fingerprint: Fingerprint::of_bytes(b"a"),
+            state,
+            version: 1,
+            owner: Some(OwnerId::new("o1").unwrap()),
+            lease_expires_at: lease,
+            result: None,
+            attempts: 1,
+            created_at: 0,
+            updated_at: 0,
+            completed_at: None,
+        }
+    }
+
+    #[test]
+    fn decision_table() {
+        use RecordState::*;
+        let r = req(b"a");
+        let check = |rec: Record, now, want: Decision| assert_eq!(decide(&rec, &r, now), want);
+        check(record(Succeeded, None), 0, Decision::Replay);
+        check(record(FailedTerminal, None), 0, Decision::Replay);
+        check(
+            record(FailedRetryable, None),
+            0,
+            Decision::TakeOver(ClaimKind::RetryAfterFailure),
+        );
+        check(record(Processing, Some(100)), 99, Decision::InProgress);
+        check(
+            record(Processing, Some(100)),
+            100,
+            Decision::TakeOver(ClaimKind::ExpiredLease {
+                previous_owner: Some(OwnerId::new("o1").unwrap()),
+            }),
+        );
+        let other = req(b"b");
+        for st in RecordState::ALL {
+            assert_eq!(
+                decide(&record(st, Some(100)), &other, 0),
+                Decision::Mismatch
+            );
+        }
+        let mut other_principal = req(b"a");
+        other_principal.principal = Principal::new("q").unwrap();
+        assert_eq!(
+            decide(&record(Succeeded, None), &other_principal, 0),
+            Decision::Mismatch
+        );
+    }
+
+    #[test]
+    fn limits() {
+        let l = StoreLimits {
+            max_result_bytes: 4,
+        };
+        let big = Finish {
+            state: RecordState::Succeeded,
+            result: Some(StoredResult {
+                body: vec![0; 5],
+                ..Default::default()
+            }),
+        };
+        assert_eq!(
+            l.check_finish(&big).unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
+        let processing = Finish {
+            state: RecordState::Processing,
+            result: None,
+        };
+        assert!(l.check_finish(&processing).is_err());
+        assert!(check_lease(Duration::ZERO).is_err());
+        assert!(check_lease(Duration::from_secs(3)).is_ok());
+    }
+}
