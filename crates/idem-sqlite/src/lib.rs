@@ -1,1 +1,474 @@
+//! idem-sqlite: the embedded store, and idem's default.
+//!
+//! Owns the SQLite schema (applied on open) and the SQLite forms of claim, finish,
+//! extend and get. The file runs in WAL mode with a busy timeout; every write is a
+//! single statement (insert, or compare-and-set update), and transactions that read
+//! then write start with `BEGIN IMMEDIATE`, since a deferred one fails with SQLITE_BUSY
+//! under contention instead of waiting.
+//!
+//! It must not decide anything the core's decision table does not say, and it never
+//! takes time from the caller: lease deadlines come from SQLite's clock (plus the
+//! [`ClockShift`] tests use).
 
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Fingerprint, Finish,
+    IdempotencyKey, IdempotencyStore, Millis, OwnerId, Principal, Record, RecordState, Scope,
+    StoreError, StoreLimits, StoredResult, TenantId,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow, SqliteSynchronous,
+};
+use sqlx::Row;
+
+mod migrate;
+
+pub use migrate::MIGRATIONS;
+
+/// The default database file, relative to the working directory.
+pub const DEFAULT_PATH: &str = "./idem-data/idem.db";
+
+/// The store clock in epoch milliseconds, shifted by a bound parameter.
+const NOW: &str = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?)";
+
+/// How to open the embedded store.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    pub path: PathBuf,
+    pub limits: StoreLimits,
+    pub clock: ClockShift,
+    pub max_connections: u32,
+    pub busy_timeout: Duration,
+    /// `FULL` by default: a commit survives power loss, not only a process crash.
+    pub synchronous: SqliteSynchronous,
+}
+
+impl SqliteOptions {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            limits: StoreLimits::default(),
+            clock: ClockShift::default(),
+            max_connections: 8,
+            busy_timeout: Duration::from_secs(10),
+            synchronous: SqliteSynchronous::Full,
+        }
+    }
+
+    /// Parses `sqlite://PATH` (or `sqlite:PATH`).
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .ok_or_else(|| StoreError::InvalidInput(format!("not an sqlite URL: {url}")))?;
+        let path = path.split('?').next().unwrap_or_default();
+        if path.is_empty() || path.starts_with(":memory:") {
+            return Err(StoreError::InvalidInput(
+                "sqlite URL needs a file path (sqlite://PATH)".into(),
+            ));
+        }
+        Ok(Self::new(path))
+    }
+
+    pub fn connect_options(&self) -> SqliteConnectOptions {
+        SqliteConnectOptions::new()
+            .filename(&self.path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(self.synchronous)
+            .busy_timeout(self.busy_timeout)
+            .foreign_keys(true)
+    }
+}
+
+/// The embedded store.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    limits: StoreLimits,
+    clock: ClockShift,
+}
+
+pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            StoreError::Unavailable(e.to_string())
+        }
+        sqlx::Error::Database(db) => {
+            // SQLITE_BUSY / SQLITE_LOCKED (and extended codes): contention, retryable.
+            let busy = db
+                .code()
+                .and_then(|c| c.parse::<i32>().ok())
+                .is_some_and(|c| matches!(c & 0xff, 5 | 6));
+            if busy {
+                StoreError::Unavailable(e.to_string())
+            } else {
+                StoreError::Backend(e.to_string())
+            }
+        }
+        _ => StoreError::Backend(e.to_string()),
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and applies pending migrations.
+    pub async fn open(options: SqliteOptions) -> Result<Self, StoreError> {
+        if let Some(dir) = options.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        }
+        let pool = SqlitePoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.connect_options())
+            .await
+            .map_err(map_err)?;
+        migrate::apply(&pool).await?;
+        Ok(Self {
+            pool,
+            limits: options.limits,
+            clock: options.clock,
+        })
+    }
+
+    /// Opens the file at `path` with default options.
+    pub async fn open_path(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open(SqliteOptions::new(path.as_ref())).await
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    pub fn clock(&self) -> &ClockShift {
+        &self.clock
+    }
+
+    /// Starts a writing transaction the right way for SQLite (`BEGIN IMMEDIATE`), for
+    /// callers that write business rows and finish a claim in one commit.
+    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(map_err)
+    }
+
+    /// The store's current time, in epoch milliseconds.
+    pub async fn now(&self) -> Result<Millis, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        now_on(&mut conn, &self.clock).await
+    }
+
+    /// Claim on the caller's connection or transaction. Inside a transaction the claim
+    /// commits or rolls back with the caller's other writes.
+    pub async fn claim_in_tx(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
+        self.limits.check_claim(req)?;
+        claim_on(conn, &self.clock, req).await
+    }
+
+    /// Finish on the caller's transaction: a lost compare-and-set returns
+    /// [`StoreError::Superseded`] and the caller rolls its business write back.
+    pub async fn finish_in_tx(
+        &self,
+        conn: &mut SqliteConnection,
+        token: &ClaimToken,
+        finish: Finish,
+    ) -> Result<Record, StoreError> {
+        self.limits.check_finish(&finish)?;
+        finish_on(conn, &self.clock, token, finish).await
+    }
+}
+
+async fn now_on(conn: &mut SqliteConnection, clock: &ClockShift) -> Result<Millis, StoreError> {
+    sqlx::query_scalar(&format!("SELECT {NOW}"))
+        .bind(clock.millis())
+        .fetch_one(conn)
+        .await
+        .map_err(map_err)
+}
+
+const RECORD_COLUMNS: &str = "tenant_id, key, principal, fingerprint, state, version, owner, \
+     lease_expires_at, result_status, result_headers, result_body, result_ref, attempts, \
+     created_at, updated_at, completed_at";
+
+fn bad_row(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("corrupt record column {what}: {e}"))
+}
+
+fn record_from_row(row: &SqliteRow) -> Result<Record, StoreError> {
+    let get_str = |c: &str| -> Result<String, StoreError> { row.try_get(c).map_err(map_err) };
+    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map_err)?;
+    let fp: [u8; 32] = fp
+        .try_into()
+        .map_err(|_| bad_row("fingerprint", "not 32 bytes"))?;
+    let status: Option<i64> = row.try_get("result_status").map_err(map_err)?;
+    let result = match status {
+        None => None,
+        Some(status) => {
+            let headers: Option<String> = row.try_get("result_headers").map_err(map_err)?;
+            let headers = match headers {
+                Some(h) => serde_json::from_str(&h).map_err(|e| bad_row("result_headers", e))?,
+                None => Vec::new(),
+            };
+            Some(StoredResult {
+                status: u16::try_from(status).map_err(|e| bad_row("result_status", e))?,
+                headers,
+                body: row
+                    .try_get::<Option<Vec<u8>>, _>("result_body")
+                    .map_err(map_err)?
+                    .unwrap_or_default(),
+                result_ref: row.try_get("result_ref").map_err(map_err)?,
+            })
+        }
+    };
+    let owner: Option<String> = row.try_get("owner").map_err(map_err)?;
+    Ok(Record {
+        tenant: TenantId::new(get_str("tenant_id")?).map_err(|e| bad_row("tenant_id", e))?,
+        key: IdempotencyKey::new(get_str("key")?).map_err(|e| bad_row("key", e))?,
+        principal: Principal::new(get_str("principal")?).map_err(|e| bad_row("principal", e))?,
+        fingerprint: Fingerprint::from_bytes(fp),
+        state: RecordState::from_str(&get_str("state")?).map_err(|e| bad_row("state", e))?,
+        version: row.try_get("version").map_err(map_err)?,
+        owner: owner
+            .map(OwnerId::new)
+            .transpose()
+            .map_err(|e| bad_row("owner", e))?,
+        lease_expires_at: row.try_get("lease_expires_at").map_err(map_err)?,
+        result,
+        attempts: row.try_get("attempts").map_err(map_err)?,
+        created_at: row.try_get("created_at").map_err(map_err)?,
+        updated_at: row.try_get("updated_at").map_err(map_err)?,
+        completed_at: row.try_get("completed_at").map_err(map_err)?,
+    })
+}
+
+async fn get_on(conn: &mut SqliteConnection, scope: &Scope) -> Result<Option<Record>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {RECORD_COLUMNS} FROM idem_records WHERE tenant_id = ? AND key = ?"
+    ))
+    .bind(scope.tenant.as_str())
+    .bind(scope.key.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(map_err)?;
+    row.as_ref().map(record_from_row).transpose()
+}
+
+fn lease_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Claim as single statements: the fresh-key fast path is one INSERT; an existing
+/// record is read, decided by the core's table, and taken over by a compare-and-set on
+/// its version. A lost compare-and-set re-reads (the winner is then in progress).
+async fn claim_on(
+    conn: &mut SqliteConnection,
+    clock: &ClockShift,
+    req: &ClaimRequest,
+) -> Result<Claim, StoreError> {
+    let lease = lease_ms(req.lease);
+    for _ in 0..16 {
+        let inserted: Option<(i64, i64)> = sqlx::query_as(&format!(
+            "WITH n(now) AS (SELECT {NOW}) \
+             INSERT INTO idem_records (tenant_id, key, principal, fingerprint, state, version, \
+               owner, lease_expires_at, attempts, created_at, updated_at) \
+             SELECT ?, ?, ?, ?, 'PROCESSING', 1, ?, now + ?, 1, now, now FROM n WHERE true \
+             ON CONFLICT (tenant_id, key) DO NOTHING \
+             RETURNING version, lease_expires_at"
+        ))
+        .bind(clock.millis())
+        .bind(req.scope.tenant.as_str())
+        .bind(req.scope.key.as_str())
+        .bind(req.principal.as_str())
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(req.owner.as_str())
+        .bind(lease)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(map_err)?;
+        if let Some((version, lease_expires_at)) = inserted {
+            return Ok(Claim::Proceed(ClaimToken {
+                scope: req.scope.clone(),
+                owner: req.owner.clone(),
+                version,
+                lease_expires_at,
+                attempt: 1,
+                kind: ClaimKind::Fresh,
+            }));
+        }
+        let now = now_on(conn, clock).await?;
+        let Some(existing) = get_on(conn, &req.scope).await? else {
+            continue; // removed between the insert and the read: insert again
+        };
+        match decide(&existing, req, now) {
+            Decision::Mismatch => {
+                return Ok(Claim::Mismatch {
+                    state: existing.state,
+                })
+            }
+            Decision::Replay => return Ok(Claim::Replay(existing)),
+            Decision::InProgress => {
+                return Ok(Claim::InProgress {
+                    owner: existing.owner,
+                    lease_expires_at: existing.lease_expires_at.unwrap_or(now),
+                    now,
+                })
+            }
+            Decision::TakeOver(kind) => {
+                let taken: Option<(i64, i64, i32)> = sqlx::query_as(&format!(
+                    "UPDATE idem_records SET state = 'PROCESSING', version = version + 1, \
+                       owner = ?, lease_expires_at = {NOW} + ?, attempts = attempts + 1, \
+                       updated_at = {NOW} \
+                     WHERE tenant_id = ? AND key = ? AND version = ? \
+                     RETURNING version, lease_expires_at, attempts"
+                ))
+                .bind(req.owner.as_str())
+                .bind(clock.millis())
+                .bind(lease)
+                .bind(clock.millis())
+                .bind(req.scope.tenant.as_str())
+                .bind(req.scope.key.as_str())
+                .bind(existing.version)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(map_err)?;
+                if let Some((version, lease_expires_at, attempt)) = taken {
+                    return Ok(Claim::Proceed(ClaimToken {
+                        scope: req.scope.clone(),
+                        owner: req.owner.clone(),
+                        version,
+                        lease_expires_at,
+                        attempt,
+                        kind,
+                    }));
+                }
+                // Lost the compare-and-set: decide again on the winner's record.
+            }
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "claim on {} did not settle under contention",
+        req.scope
+    )))
+}
+
+async fn finish_on(
+    conn: &mut SqliteConnection,
+    clock: &ClockShift,
+    token: &ClaimToken,
+    finish: Finish,
+) -> Result<Record, StoreError> {
+    let terminal = finish.state.is_terminal();
+    let result = finish.result.as_ref();
+    let headers = result
+        .map(|r| serde_json::to_string(&r.headers))
+        .transpose()
+        .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+    let row = sqlx::query(&format!(
+        "UPDATE idem_records SET state = ?, version = version + 1, lease_expires_at = NULL, \
+           result_status = ?, result_headers = ?, result_body = ?, result_ref = ?, \
+           updated_at = {NOW}, completed_at = CASE WHEN ? THEN {NOW} END \
+         WHERE tenant_id = ? AND key = ? AND version = ? AND owner = ? AND state = 'PROCESSING' \
+         RETURNING {RECORD_COLUMNS}"
+    ))
+    .bind(finish.state.as_str())
+    .bind(result.map(|r| i64::from(r.status)))
+    .bind(headers)
+    .bind(result.map(|r| r.body.as_slice()))
+    .bind(result.and_then(|r| r.result_ref.as_deref()))
+    .bind(clock.millis())
+    .bind(terminal)
+    .bind(clock.millis())
+    .bind(token.scope.tenant.as_str())
+    .bind(token.scope.key.as_str())
+    .bind(token.version)
+    .bind(token.owner.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(map_err)?;
+    match row {
+        Some(row) => record_from_row(&row),
+        None => Err(StoreError::superseded(token)),
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.limits.check_claim(req)?;
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        claim_on(&mut conn, &self.clock, req).await
+    }
+
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+        self.limits.check_finish(&finish)?;
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        finish_on(&mut conn, &self.clock, token, finish).await
+    }
+
+    async fn extend_lease(
+        &self,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
+        idem_core::store::check_lease(lease)?;
+        let deadline: Option<i64> = sqlx::query_scalar(&format!(
+            "UPDATE idem_records SET lease_expires_at = {NOW} + ?, updated_at = {NOW} \
+             WHERE tenant_id = ? AND key = ? AND version = ? AND owner = ? \
+               AND state = 'PROCESSING' \
+             RETURNING lease_expires_at"
+        ))
+        .bind(self.clock.millis())
+        .bind(lease_ms(lease))
+        .bind(self.clock.millis())
+        .bind(token.scope.tenant.as_str())
+        .bind(token.scope.key.as_str())
+        .bind(token.version)
+        .bind(token.owner.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        deadline.ok_or_else(|| StoreError::superseded(token))
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        get_on(&mut conn, scope).await
+    }
+
+    async fn unique_guard(&self) -> Result<bool, StoreError> {
+        // Read from the live schema: a unique index whose columns are exactly
+        // (tenant_id, key), in any order.
+        let indexes: Vec<(String, i64)> =
+            sqlx::query_as("SELECT name, \"unique\" FROM pragma_index_list('idem_records')")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(map_err)?;
+        for (name, _) in indexes.into_iter().filter(|(_, unique)| *unique == 1) {
+            let mut cols: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_index_info(?)")
+                .bind(&name)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(map_err)?;
+            cols.sort();
+            if cols == ["key", "tenant_id"] {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
