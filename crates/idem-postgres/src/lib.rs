@@ -1,0 +1,520 @@
+//! idem-postgres: the authoritative idem store on PostgreSQL.
+//!
+//! # What this crate owns
+//! - The `idem_records` table (in a schema of its choosing), its UNIQUE guard
+//!   `idem_records_scope_uq` on `(tenant_id, key)`, and the versioned migrations recorded
+//!   in `idem_schema_migrations` ([`PgStore::migrate`]).
+//! - [`PgStore`], an [`IdempotencyStore`]: claims are decided inside the database in a
+//!   single statement (fresh / in progress / replay / mismatch / takeover), finish and
+//!   heartbeat are compare-and-sets on `(version, owner, state = PROCESSING)`.
+//! - The transactional form ([`PgStore::claim_in_tx`], [`PgStore::finish_in_tx`]) for a
+//!   service whose business rows live in the same database: the record commits or rolls
+//!   back together with the business write (BRIEF §3, §10).
+//!
+//! # What it must not do
+//! - Read time from the caller: every deadline comes from the database clock
+//!   (`clock_timestamp()`), shifted only by [`ClockShift`] in tests.
+//! - Decide in Rust on a value it read earlier and then write: every transition is a
+//!   single statement guarded by the version it read (no read-then-write windows).
+//! - Answer "proceed" without a record written, or when it cannot tell: errors are
+//!   returned (`Unavailable` for connection trouble, `Backend` otherwise), never guessed.
+//! - Delete or sweep records (retention is a separate job), partition the table, or
+//!   touch tables other than its own.
+
+mod error;
+mod migrate;
+mod row;
+mod sql;
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::store::check_lease;
+use idem_core::{
+    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
+    IdempotencyStore, Millis, OwnerId, Record, Scope, StoreError, StoreLimits,
+};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{PgConnection, Row};
+
+pub use error::is_unavailable;
+
+/// How many times one claim re-runs its deciding statement after an empty answer (the
+/// READ COMMITTED pitfall) or a lost takeover compare-and-set. Each re-run sees a newer
+/// snapshot; more than a couple means the key is being deleted and re-created in a loop.
+const MAX_CLAIM_RERUNS: usize = 8;
+
+/// Connection and behaviour settings for [`PgStore::connect`].
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// Schema holding the tables. Created by [`PgStore::migrate`] if missing, selected
+    /// with `search_path` on every pooled connection, and used to qualify the store's
+    /// statements. `None`: the connection's own `search_path` decides.
+    pub schema: Option<String>,
+    pub limits: StoreLimits,
+    pub clock: ClockShift,
+    pub max_connections: u32,
+    /// How long a call waits for a pooled connection before failing as `Unavailable`.
+    pub acquire_timeout: Duration,
+    /// `application_name` of the store's sessions (visible in `pg_stat_activity`).
+    pub application_name: String,
+    /// Try a plain `INSERT … ON CONFLICT DO NOTHING` before the deciding statement, so a
+    /// fresh key costs one plain statement (BRIEF §10). Off: every claim runs the single
+    /// deciding statement (one round trip for every outcome).
+    pub fresh_fast_path: bool,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self {
+            schema: None,
+            limits: StoreLimits::default(),
+            clock: ClockShift::default(),
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(5),
+            application_name: "idem".to_string(),
+            fresh_fast_path: true,
+        }
+    }
+}
+
+/// Schema names are spliced into DDL and `search_path`, so only plain lower-case
+/// identifiers are accepted (no quoting games, no case folding surprises).
+fn validate_schema(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !name.starts_with("pg_");
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidInput(format!(
+            "schema name {name:?} must match [a-z_][a-z0-9_]{{0,62}} and not start with pg_"
+        )))
+    }
+}
+
+/// The PostgreSQL idempotency store. Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    schema: Option<String>,
+    limits: StoreLimits,
+    clock: ClockShift,
+    fresh_fast_path: bool,
+    sql: Arc<sql::Statements>,
+    reruns: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.schema)
+            .field("limits", &self.limits)
+            .field("fresh_fast_path", &self.fresh_fast_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects a pool to `url` (does not migrate: call [`PgStore::migrate`]).
+    pub async fn connect(url: &str, options: PgOptions) -> Result<Self, StoreError> {
+        if let Some(s) = &options.schema {
+            validate_schema(s)?;
+        }
+        let mut connect = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::InvalidInput(format!("postgres url: {e}")))?
+            .application_name(&options.application_name);
+        if let Some(s) = &options.schema {
+            connect = connect.options([("search_path", s.as_str())]);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(options.acquire_timeout)
+            // A terminated backend is found by the ping and replaced before use.
+            .test_before_acquire(true)
+            .connect_with(connect)
+            .await
+            .map_err(|e| error::map_err("connect", e))?;
+        Self::from_pool(pool, options)
+    }
+
+    /// Wraps an existing pool (for example the service's own). Only `schema`, `limits`,
+    /// `clock` and `fresh_fast_path` of `options` apply; the pool's own settings stay.
+    /// With a schema the statements are schema-qualified, so the pool's `search_path`
+    /// does not matter.
+    pub fn from_pool(pool: PgPool, options: PgOptions) -> Result<Self, StoreError> {
+        if let Some(s) = &options.schema {
+            validate_schema(s)?;
+        }
+        Ok(Self {
+            pool,
+            sql: Arc::new(sql::Statements::new(options.schema.as_deref())),
+            schema: options.schema,
+            limits: options.limits,
+            clock: options.clock,
+            fresh_fast_path: options.fresh_fast_path,
+            reruns: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The (possibly schema-qualified) name of the records table, for operator SQL.
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// How many times claims re-ran their deciding statement (empty answer under the
+    /// READ COMMITTED pitfall, or a lost takeover CAS). A contention gauge.
+    pub fn claim_reruns(&self) -> u64 {
+        self.reruns.load(Ordering::Relaxed)
+    }
+
+    /// Applies pending migrations (creating the schema if given and missing). Safe to run
+    /// twice and from several processes at once. Returns the versions it applied.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.acquire().await?;
+        migrate::run(&mut conn, self.schema.as_deref()).await
+    }
+
+    async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+        self.pool
+            .acquire()
+            .await
+            .map_err(|e| error::map_err("acquire", e))
+    }
+
+    /// Claims inside the caller's transaction (`conn` is typically `&mut *tx`). The fresh
+    /// record is visible to others only when the caller commits; a concurrent duplicate
+    /// waits on the unique index meanwhile, then replays (or proceeds after a rollback).
+    /// If this returns an error the transaction may be aborted: roll it back.
+    pub async fn claim_in_tx(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
+        self.claim_on(conn, req).await
+    }
+
+    /// Finishes inside the caller's transaction, so the completion commits with the
+    /// business write. A lost compare-and-set returns `Superseded`: the caller must roll
+    /// back its business write.
+    pub async fn finish_in_tx(
+        &self,
+        conn: &mut PgConnection,
+        token: &ClaimToken,
+        finish: Finish,
+    ) -> Result<Record, StoreError> {
+        self.finish_on(conn, token, finish).await
+    }
+
+    async fn claim_on(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
+        self.limits.check_claim(req)?;
+        let lease_ms = lease_millis(req.lease);
+        if self.fresh_fast_path {
+            let row = sqlx::query(&self.sql.claim_fresh)
+                .bind(req.scope.tenant.as_str())
+                .bind(req.scope.key.as_str())
+                .bind(req.principal.as_str())
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(req.owner.as_str())
+                .bind(lease_ms)
+                .bind(self.clock.millis())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| error::map_err("claim", e))?;
+            if let Some(row) = row {
+                let version: i64 = row.try_get("version").map_err(decode)?;
+                let lease: i64 = row.try_get("lease_expires_at").map_err(decode)?;
+                let attempt: i32 = row.try_get("attempts").map_err(decode)?;
+                return Ok(Claim::Proceed(token(
+                    req,
+                    version,
+                    lease,
+                    attempt,
+                    ClaimKind::Fresh,
+                )));
+            }
+        }
+        for run in 0..MAX_CLAIM_RERUNS {
+            if run > 0 {
+                self.reruns.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(scope = %req.scope, run, "claim statement re-run");
+            }
+            if let Some(claim) = self.decide_once(conn, req, lease_ms).await? {
+                return Ok(claim);
+            }
+        }
+        // Never guess: without a decided row there is no claim.
+        Err(StoreError::Unavailable(format!(
+            "claim on {} did not settle after {MAX_CLAIM_RERUNS} runs; retry",
+            req.scope
+        )))
+    }
+
+    async fn decide_once(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+        lease_ms: i64,
+    ) -> Result<Option<Claim>, StoreError> {
+        // `None`: empty answer or lost takeover CAS; the caller runs the statement again.
+        let rows = sqlx::query(&self.sql.claim_decide)
+            .bind(req.scope.tenant.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(req.principal.as_str())
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.owner.as_str())
+            .bind(lease_ms)
+            .bind(self.clock.millis())
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("claim", e))?;
+        // Our own insert or takeover wins over a snapshot read of the same key (a row
+        // deleted concurrently can show up as 'existing' beside our 'fresh').
+        let mut existing = None;
+        for row in &rows {
+            let outcome: String = row.try_get("outcome").map_err(decode)?;
+            match outcome.as_str() {
+                "fresh" | "takeover" => {
+                    let rec = row::record(row)?;
+                    let kind = if outcome == "fresh" {
+                        ClaimKind::Fresh
+                    } else {
+                        let prev: Option<String> = row.try_get("prev_state").map_err(decode)?;
+                        let prev_owner: Option<String> =
+                            row.try_get("prev_owner").map_err(decode)?;
+                        match prev.as_deref() {
+                            Some("FAILED_RETRYABLE") => ClaimKind::RetryAfterFailure,
+                            _ => ClaimKind::ExpiredLease {
+                                previous_owner: prev_owner.and_then(|o| OwnerId::new(o).ok()),
+                            },
+                        }
+                    };
+                    let lease = rec
+                        .lease_expires_at
+                        .ok_or_else(|| StoreError::Backend("claimed record has no lease".into()))?;
+                    return Ok(Some(Claim::Proceed(token(
+                        req,
+                        rec.version,
+                        lease,
+                        rec.attempts,
+                        kind,
+                    ))));
+                }
+                "existing" => {
+                    let now: i64 = row.try_get("now_ms").map_err(decode)?;
+                    existing = Some((row::record(row)?, now));
+                }
+                other => {
+                    return Err(StoreError::Backend(format!(
+                        "unexpected claim outcome {other:?}"
+                    )))
+                }
+            }
+        }
+        let Some((rec, now)) = existing else {
+            return Ok(None);
+        };
+        Ok(match decide(&rec, req, now) {
+            Decision::Mismatch => Some(Claim::Mismatch { state: rec.state }),
+            Decision::Replay => Some(Claim::Replay(rec)),
+            Decision::InProgress => Some(Claim::InProgress {
+                owner: rec.owner,
+                lease_expires_at: rec.lease_expires_at.unwrap_or(now),
+                now,
+            }),
+            // The statement saw a takeable record but its CAS matched nothing: another
+            // caller moved it first. Re-read in a new statement.
+            Decision::TakeOver(_) => None,
+        })
+    }
+
+    async fn finish_on(
+        &self,
+        conn: &mut PgConnection,
+        token: &ClaimToken,
+        finish: Finish,
+    ) -> Result<Record, StoreError> {
+        self.limits.check_finish(&finish)?;
+        let result = finish.result.as_ref();
+        let rows = sqlx::query(&self.sql.finish)
+            .bind(token.scope.tenant.as_str())
+            .bind(token.scope.key.as_str())
+            .bind(token.version)
+            .bind(token.owner.as_str())
+            .bind(self.clock.millis())
+            .bind(finish.state.as_str())
+            .bind(result.map(|r| i32::from(r.status)))
+            .bind(result.map(|r| row::headers_json(&r.headers)))
+            .bind(result.map(|r| r.body.as_slice()))
+            .bind(result.and_then(|r| r.result_ref.as_deref()))
+            .bind(finish.state.is_terminal())
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("finish", e))?;
+        let Some(row) = rows.first() else {
+            return Err(StoreError::superseded(token));
+        };
+        let applied: bool = row.try_get("applied").map_err(decode)?;
+        let rec = row::record(row)?;
+        if applied {
+            return Ok(rec);
+        }
+        // A retry of a finish whose response was lost: this very token already moved the
+        // record to exactly this outcome. Answer as the first time (f(f(x)) = f(x)).
+        if rec.version == token.version + 1
+            && rec.owner.as_ref() == Some(&token.owner)
+            && rec.state == finish.state
+            && rec.result == finish.result
+        {
+            return Ok(rec);
+        }
+        Err(StoreError::superseded(token))
+    }
+
+    async fn extend_on(
+        &self,
+        conn: &mut PgConnection,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
+        check_lease(lease)?;
+        let deadline: Option<i64> = sqlx::query_scalar(&self.sql.extend)
+            .bind(token.scope.tenant.as_str())
+            .bind(token.scope.key.as_str())
+            .bind(token.version)
+            .bind(token.owner.as_str())
+            .bind(self.clock.millis())
+            .bind(lease_millis(lease))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("extend_lease", e))?
+            .flatten();
+        deadline.ok_or_else(|| StoreError::superseded(token))
+    }
+}
+
+fn decode(e: sqlx::Error) -> StoreError {
+    error::map_err("decode", e)
+}
+
+fn lease_millis(lease: Duration) -> i64 {
+    // check_lease bounds it to 24 h, far inside i64.
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn token(
+    req: &ClaimRequest,
+    version: i64,
+    lease: i64,
+    attempt: i32,
+    kind: ClaimKind,
+) -> ClaimToken {
+    ClaimToken {
+        scope: req.scope.clone(),
+        owner: req.owner.clone(),
+        version,
+        lease_expires_at: lease,
+        attempt,
+        kind,
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        // Validate before taking a connection: bad input must not wait on the pool.
+        self.limits.check_claim(req)?;
+        let mut conn = self.acquire().await?;
+        self.claim_on(&mut conn, req).await
+    }
+
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+        self.limits.check_finish(&finish)?;
+        let mut conn = self.acquire().await?;
+        self.finish_on(&mut conn, token, finish).await
+    }
+
+    async fn extend_lease(
+        &self,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
+        check_lease(lease)?;
+        let mut conn = self.acquire().await?;
+        self.extend_on(&mut conn, token, lease).await
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(&self.sql.get)
+            .bind(scope.tenant.as_str())
+            .bind(scope.key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| error::map_err("get", e))?;
+        row.as_ref().map(row::record).transpose()
+    }
+
+    async fn unique_guard(&self) -> Result<bool, StoreError> {
+        sqlx::query_scalar(&self.sql.guard)
+            .bind(&self.sql.table)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| error::map_err("unique_guard", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::RecordState;
+
+    #[test]
+    fn schema_names() {
+        for ok in ["idem", "idem_t_0190abcd", "_x", "a1"] {
+            assert!(validate_schema(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Idem", "1abc", "a-b", "a\"b", "pg_x", &"a".repeat(64)] {
+            assert!(validate_schema(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn state_spelling_matches_sql() {
+        // The SQL spells states as RecordState::as_str does; keep them in step.
+        let spelled = [
+            "PROCESSING",
+            "SUCCEEDED",
+            "FAILED_RETRYABLE",
+            "FAILED_TERMINAL",
+        ];
+        for (st, s) in RecordState::ALL.iter().zip(spelled) {
+            assert_eq!(st.as_str(), s);
+        }
+    }
+}

@@ -1,0 +1,730 @@
+//! idem store on Redis: the gateway's short window, shared by many instances.
+//!
+//! # When to choose Redis, and when not
+//!
+//! Redis is the store for the **gateway layer** (BRIEF §3, §9): many gateway instances
+//! share one short window in which concurrent duplicates are coalesced and a finished
+//! result is replayed quickly. It is **not** the authoritative record of a business
+//! action. Choose PostgreSQL (`idem-postgres`) when the idempotency record must commit
+//! in the same transaction as the business write (orders, payments, outbox) and must
+//! survive crashes and failovers; choose SQLite (`idem-sqlite`) for one machine.
+//!
+//! # Durability limits (read before relying on this store)
+//!
+//! - Redis acknowledges a write once it is in memory. Without AOF (`appendfsync always`)
+//!   or RDB snapshots — and the Redis used by this project's tests and default deployment
+//!   runs with neither — **every record is lost when Redis restarts**. After a restart a
+//!   retried intent is treated as absent and executes again unless a lower layer (the
+//!   business database's UNIQUE constraint) stops it.
+//! - Replication is asynchronous. A record acknowledged by the primary can be missing on
+//!   the replica promoted after a failover, so a duplicate can be admitted. `WAIT` narrows
+//!   this window but does not close it.
+//! - Records expire (see *Expiry*): once a record is gone the key is absent again.
+//!
+//! So this store deduplicates bursts (double clicks, gateway retries, concurrent
+//! duplicates) efficiently; exactly-once effects still need the authoritative store.
+//!
+//! # Layout
+//!
+//! One hash per record, at
+//!
+//! ```text
+//! <prefix>:r:{<enc(tenant)>:<enc(key)>}
+//! ```
+//!
+//! where `enc` percent-escapes `%`, `{`, `}` and `:` (`%25`, `%7B`, `%7D`, `%3A`). Tenants
+//! and keys are visible ASCII and may contain any of these; after encoding neither part
+//! contains a brace or a colon, so
+//! - the Redis Cluster hash tag (the text between the first `{` and the next `}`) is
+//!   always exactly `enc(tenant):enc(key)`: every script touches a single key in a
+//!   single slot;
+//! - the encoding is injective and the `:` between the parts is unambiguous, so two
+//!   different `(tenant, key)` pairs never share a Redis key.
+//!
+//! The prefix must not contain `{` or `}` (checked by [`RedisStore::connect`]).
+//! Hash fields: `tenant key principal fp state version owner lease attempts created
+//! updated completed r_status r_headers r_body r_ref` (times in store milliseconds;
+//! `r_body` holds the result body as raw bytes, `r_headers` a JSON array of pairs).
+//!
+//! # Atomicity, time and the decision table
+//!
+//! claim, finish and extend are Lua scripts (`EVALSHA`, loaded on `NOSCRIPT`). Redis runs
+//! a script alone, so each is a single atomic read-decide-write on one key:
+//! - claim implements [`idem_core::decide`] exactly: absent → PROCESSING (version 1,
+//!   attempt 1); PROCESSING with a live lease → in progress; SUCCEEDED/FAILED_TERMINAL →
+//!   replay; a different fingerprint or principal → mismatch in every state, nothing
+//!   written; FAILED_RETRYABLE or PROCESSING with an expired lease → takeover, which bumps
+//!   version and attempts and sets the new owner and lease;
+//! - finish and extend compare state PROCESSING, version and owner; a lost compare
+//!   changes nothing and returns [`StoreError::Superseded`]. A record that has expired
+//!   is a lost compare too.
+//!
+//! Time is read inside the scripts with `TIME` — the Redis server's clock, never the
+//! caller's — plus the [`ClockShift`] passed as an argument (zero in production; tests
+//! move it to control timelines). [`StoreLimits`] and lease bounds are checked in Rust
+//! before any script runs, so bad input writes nothing.
+//!
+//! # Expiry
+//!
+//! Every write sets `PEXPIRE`: a finished record (any final state) expires `retention`
+//! after it finished; a PROCESSING record expires `retention + lease` after its last
+//! claim or heartbeat, so it never disappears while its owner may still be executing.
+//!
+//! # Uniqueness guard
+//!
+//! [`IdempotencyStore::unique_guard`] answers `true`: there is no schema to inspect; the
+//! guard is that every claim is one atomic script on one key, so of any number of
+//! concurrent claims of an absent key exactly one creates the record.
+//!
+//! # Errors and connections
+//!
+//! The store holds one redis-rs [`ConnectionManager`] (a multiplexed connection that is
+//! replaced after an I/O error; a plain multiplexed connection would stay broken).
+//! Connection setup is bounded by `connect_timeout`, every command by
+//! `response_timeout`. A reconnect is a single attempt (also bounded by
+//! `connect_timeout`); during an outage each call fails fast with `Unavailable` and the
+//! next call tries to reconnect again, so recovery never silently stops. Refused or dropped connections, I/O errors and timeouts, and the
+//! server saying it cannot serve now (`LOADING`, `BUSY`, `READONLY`, `MASTERDOWN`,
+//! `TRYAGAIN`, `CLUSTERDOWN`, `OOM`) map to [`StoreError::Unavailable`]; anything else to
+//! [`StoreError::Backend`]. Nothing is retried inside the store: a claim whose reply was
+//! lost may have been applied, and only the caller can decide to ask again (a retried
+//! claim then sees its own PROCESSING record as in progress, and the key becomes free
+//! when the lease expires — it never executes twice). The connection carries a client
+//! name (`CLIENT SETNAME`), re-applied after a connection error, so operators can find
+//! it in `CLIENT LIST`.
+//!
+//! Requires Redis 5 or newer (scripts write after reading `TIME`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::store::check_lease;
+use idem_core::{
+    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Fingerprint, Finish, IdempotencyKey,
+    IdempotencyStore, Millis, OwnerId, Principal, Record, RecordState, Scope, StoreError,
+    StoreLimits, StoredResult, TenantId,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Script, Value};
+
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "idem";
+/// Default record expiry: 24 h (Stripe keeps keys at least 24 h; Restate's default).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// Default bound on connection setup.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default bound on one command.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+const CLAIM_LUA: &str = include_str!("lua/claim.lua");
+const FINISH_LUA: &str = include_str!("lua/finish.lua");
+const EXTEND_LUA: &str = include_str!("lua/extend.lua");
+
+/// How to open a [`RedisStore`].
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Prepended to every key (`<prefix>:r:{…}`); must not contain `{` or `}`.
+    pub prefix: String,
+    /// Record expiry after a record finished (see the module docs, *Expiry*).
+    pub retention: Duration,
+    pub limits: StoreLimits,
+    /// Added to the Redis clock; zero in production.
+    pub clock: ClockShift,
+    /// Bound on connecting (the whole setup, and each reconnect attempt).
+    pub connect_timeout: Duration,
+    /// Bound on each command.
+    pub response_timeout: Duration,
+    /// `CLIENT SETNAME` of this store's connection; `None` picks `idem-<uuid>`.
+    /// Letters, digits and `-_.:` only (Redis forbids spaces in client names).
+    pub client_name: Option<String>,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            prefix: DEFAULT_PREFIX.to_string(),
+            retention: DEFAULT_RETENTION,
+            limits: StoreLimits::default(),
+            clock: ClockShift::default(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            client_name: None,
+        }
+    }
+}
+
+/// Idempotency records in Redis. Cheap to clone; clones share one connection.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    prefix: String,
+    retention: Duration,
+    limits: StoreLimits,
+    clock: ClockShift,
+    client_name: String,
+    /// Set after a connection error: the next command first re-applies the client name
+    /// (a reconnected connection starts unnamed).
+    rename: AtomicBool,
+    claim: Script,
+    finish: Script,
+    extend: Script,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .field("retention", &self.inner.retention)
+            .field("client_name", &self.inner.client_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://[user:pass@]host:port[/db]`, `rediss://…`), names the
+    /// connection and checks the server answers. The whole setup is bounded by
+    /// `options.connect_timeout`.
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
+        if options.prefix.is_empty() || options.prefix.contains(['{', '}']) {
+            return Err(StoreError::InvalidInput(format!(
+                "redis key prefix must be non-empty and free of braces, got {:?}",
+                options.prefix
+            )));
+        }
+        if options.retention.is_zero() {
+            return Err(StoreError::InvalidInput(
+                "redis retention must be positive".into(),
+            ));
+        }
+        let client_name = match options.client_name {
+            Some(name) => {
+                let ok = !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+                if !ok {
+                    return Err(StoreError::InvalidInput(format!(
+                        "redis client name must be letters, digits and -_.: only, got {name:?}"
+                    )));
+                }
+                name
+            }
+            None => format!("idem-{}", uuid::Uuid::new_v4().simple()),
+        };
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::InvalidInput(format!("redis url: {e}")))?;
+        // One connection attempt per (re)connect: redis-rs backs off at least 1 s between
+        // attempts, and a gateway must fail closed quickly rather than hang in an outage.
+        // A failed reconnect is retried by the next call.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(options.connect_timeout)
+            .set_response_timeout(options.response_timeout)
+            .set_number_of_retries(0);
+        let setup = async {
+            let mut conn = ConnectionManager::new_with_config(client, config).await?;
+            redis::cmd("CLIENT")
+                .arg("SETNAME")
+                .arg(&client_name)
+                .query_async::<()>(&mut conn)
+                .await?;
+            Ok::<_, RedisError>(conn)
+        };
+        let conn = match tokio::time::timeout(options.connect_timeout, setup).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(map_err(&e)),
+            Err(_) => {
+                return Err(StoreError::Unavailable(format!(
+                    "redis connection setup timed out after {} ms",
+                    options.connect_timeout.as_millis()
+                )))
+            }
+        };
+        tracing::debug!(prefix = %options.prefix, client_name = %client_name, "redis store connected");
+        Ok(Self {
+            conn,
+            inner: Arc::new(Inner {
+                prefix: options.prefix,
+                retention: options.retention,
+                limits: options.limits,
+                clock: options.clock,
+                client_name,
+                rename: AtomicBool::new(false),
+                claim: Script::new(CLAIM_LUA),
+                finish: Script::new(FINISH_LUA),
+                extend: Script::new(EXTEND_LUA),
+            }),
+        })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    pub fn retention(&self) -> Duration {
+        self.inner.retention
+    }
+
+    /// The `CLIENT SETNAME` of this store's connection.
+    pub fn client_name(&self) -> &str {
+        &self.inner.client_name
+    }
+
+    /// The Redis key holding `scope`'s record.
+    pub fn record_key(&self, scope: &Scope) -> String {
+        record_key(&self.inner.prefix, scope)
+    }
+
+    /// Round trip to the server (readiness probes).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn().await;
+        let res = redis::cmd("PING").query_async::<()>(&mut conn).await;
+        self.check(res)
+    }
+
+    /// The connection, with the client name re-applied first when a connection error
+    /// may have replaced it.
+    async fn conn(&self) -> ConnectionManager {
+        let mut conn = self.conn.clone();
+        if self.inner.rename.swap(false, Ordering::SeqCst) {
+            let res = redis::cmd("CLIENT")
+                .arg("SETNAME")
+                .arg(&self.inner.client_name)
+                .query_async::<()>(&mut conn)
+                .await;
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "redis: re-applying the client name failed");
+                self.inner.rename.store(true, Ordering::SeqCst);
+            }
+        }
+        conn
+    }
+
+    /// Maps an error, remembering to rename the connection after a connection error.
+    fn check<T>(&self, res: Result<T, RedisError>) -> Result<T, StoreError> {
+        res.map_err(|e| {
+            let err = map_err(&e);
+            if err.is_unavailable() {
+                self.inner.rename.store(true, Ordering::SeqCst);
+                tracing::warn!(error = %e, "redis store unavailable");
+            }
+            err
+        })
+    }
+
+    fn shift(&self) -> i64 {
+        self.inner.clock.millis()
+    }
+
+    fn retention_ms(&self) -> u64 {
+        millis_u64(self.inner.retention)
+    }
+}
+
+fn millis_u64(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Percent-escapes `%`, `{`, `}` and `:` (see the module docs, *Layout*).
+pub fn encode_component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `<prefix>:r:{<enc(tenant)>:<enc(key)>}`.
+pub fn record_key(prefix: &str, scope: &Scope) -> String {
+    format!(
+        "{prefix}:r:{{{}:{}}}",
+        encode_component(scope.tenant.as_str()),
+        encode_component(scope.key.as_str())
+    )
+}
+
+/// Redis error → store error: cannot-serve-now conditions are `Unavailable`.
+pub fn map_err(e: &RedisError) -> StoreError {
+    use redis::ErrorKind as K;
+    let unavailable = e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || matches!(
+            e.kind(),
+            K::BusyLoadingError
+                | K::TryAgain
+                | K::ClusterDown
+                | K::MasterDown
+                | K::ReadOnly
+                | K::ClusterConnectionNotFound
+        )
+        || matches!(e.code(), Some("BUSY" | "OOM" | "LOADING" | "MASTERDOWN"));
+    if unavailable {
+        StoreError::Unavailable(format!("redis: {e}"))
+    } else {
+        StoreError::Backend(format!("redis: {e}"))
+    }
+}
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("redis: malformed reply or record: {what}"))
+}
+
+fn value_bytes(v: Value) -> Result<Vec<u8>, StoreError> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.into_bytes()),
+        Value::Int(i) => Ok(i.to_string().into_bytes()),
+        Value::Okay => Ok(b"OK".to_vec()),
+        other => Err(corrupt(format!("unexpected value {other:?}"))),
+    }
+}
+
+/// A script reply: an array of strings.
+fn reply_items(v: Value) -> Result<Vec<Vec<u8>>, StoreError> {
+    match v {
+        Value::Array(items) => items.into_iter().map(value_bytes).collect(),
+        other => Err(corrupt(format!("expected an array, got {other:?}"))),
+    }
+}
+
+fn text(b: &[u8]) -> Result<&str, StoreError> {
+    std::str::from_utf8(b).map_err(|_| corrupt("text field is not UTF-8"))
+}
+
+fn int<T: std::str::FromStr>(b: &[u8]) -> Result<T, StoreError> {
+    text(b)?
+        .parse()
+        .map_err(|_| corrupt(format!("not an integer: {:?}", String::from_utf8_lossy(b))))
+}
+
+fn opt_owner(b: &[u8]) -> Result<Option<OwnerId>, StoreError> {
+    if b.is_empty() {
+        return Ok(None);
+    }
+    OwnerId::new(text(b)?).map(Some).map_err(corrupt)
+}
+
+/// Parses a flat `HGETALL` list into a record.
+fn parse_record(flat: Vec<Vec<u8>>) -> Result<Record, StoreError> {
+    if flat.len() % 2 != 0 {
+        return Err(corrupt("odd number of hash items"));
+    }
+    let mut fields: HashMap<String, Vec<u8>> = HashMap::with_capacity(flat.len() / 2);
+    let mut it = flat.into_iter();
+    while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        fields.insert(String::from_utf8_lossy(&name).into_owned(), value);
+    }
+    let req = |name: &str| -> Result<&[u8], StoreError> {
+        fields
+            .get(name)
+            .map(Vec::as_slice)
+            .ok_or_else(|| corrupt(format!("record lacks field {name}")))
+    };
+    let opt = |name: &str| fields.get(name).map(Vec::as_slice);
+
+    let result = match opt("r_status") {
+        None => None,
+        Some(status) => Some(StoredResult {
+            status: int(status)?,
+            headers: serde_json::from_slice(req("r_headers")?)
+                .map_err(|e| corrupt(format!("result headers: {e}")))?,
+            body: req("r_body")?.to_vec(),
+            result_ref: opt("r_ref").map(text).transpose()?.map(str::to_owned),
+        }),
+    };
+    Ok(Record {
+        tenant: TenantId::new(text(req("tenant")?)?).map_err(corrupt)?,
+        key: IdempotencyKey::new(text(req("key")?)?).map_err(corrupt)?,
+        principal: Principal::new(text(req("principal")?)?).map_err(corrupt)?,
+        fingerprint: Fingerprint::from_hex(text(req("fp")?)?).map_err(corrupt)?,
+        state: text(req("state")?)?.parse().map_err(corrupt)?,
+        version: int(req("version")?)?,
+        owner: opt("owner").map(opt_owner).transpose()?.flatten(),
+        lease_expires_at: opt("lease").map(int).transpose()?,
+        result,
+        attempts: int(req("attempts")?)?,
+        created_at: int(req("created")?)?,
+        updated_at: int(req("updated")?)?,
+        completed_at: opt("completed").map(int).transpose()?,
+    })
+}
+
+fn parse_claim(req: &ClaimRequest, items: Vec<Vec<u8>>) -> Result<Claim, StoreError> {
+    let mut it = items.into_iter();
+    let decision = it.next().ok_or_else(|| corrupt("empty claim reply"))?;
+    let now: Millis = int(&it.next().ok_or_else(|| corrupt("claim reply lacks now"))?)?;
+    let mut next = |what: &str| {
+        it.next()
+            .ok_or_else(|| corrupt(format!("claim reply lacks {what}")))
+    };
+    match decision.as_slice() {
+        b"proceed" => {
+            let kind = next("kind")?;
+            let previous_owner = opt_owner(&next("previous owner")?)?;
+            let version: i64 = int(&next("version")?)?;
+            let lease_expires_at: Millis = int(&next("lease")?)?;
+            let attempt: i32 = int(&next("attempts")?)?;
+            let kind = match kind.as_slice() {
+                b"fresh" => ClaimKind::Fresh,
+                b"retry" => ClaimKind::RetryAfterFailure,
+                b"expired" => ClaimKind::ExpiredLease { previous_owner },
+                other => return Err(corrupt(format!("claim kind {:?}", text(other)?))),
+            };
+            Ok(Claim::Proceed(ClaimToken {
+                scope: req.scope.clone(),
+                owner: req.owner.clone(),
+                version,
+                lease_expires_at,
+                attempt,
+                kind,
+            }))
+        }
+        b"in_progress" => {
+            let owner = opt_owner(&next("owner")?)?;
+            let lease = next("lease")?;
+            let lease_expires_at = if lease.is_empty() { now } else { int(&lease)? };
+            Ok(Claim::InProgress {
+                owner,
+                lease_expires_at,
+                now,
+            })
+        }
+        b"mismatch" => {
+            let state: RecordState = text(&next("state")?)?.parse().map_err(corrupt)?;
+            Ok(Claim::Mismatch { state })
+        }
+        b"replay" => Ok(Claim::Replay(parse_record(it.collect())?)),
+        other => Err(corrupt(format!(
+            "claim decision {:?}",
+            String::from_utf8_lossy(other)
+        ))),
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for RedisStore {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.inner.limits.check_claim(req)?;
+        let key = self.record_key(&req.scope);
+        let mut inv = self.inner.claim.prepare_invoke();
+        inv.key(&key)
+            .arg(self.shift())
+            .arg(millis_u64(req.lease))
+            .arg(self.retention_ms())
+            .arg(req.scope.tenant.as_str())
+            .arg(req.scope.key.as_str())
+            .arg(req.principal.as_str())
+            .arg(req.fingerprint.to_hex())
+            .arg(req.owner.as_str());
+        let mut conn = self.conn().await;
+        let reply: Value = self.check(inv.invoke_async(&mut conn).await)?;
+        let claim = parse_claim(req, reply_items(reply)?)?;
+        tracing::debug!(scope = %req.scope, owner = %req.owner, decision = claim.decision(), "redis claim");
+        Ok(claim)
+    }
+
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+        self.inner.limits.check_finish(&finish)?;
+        let key = self.record_key(&token.scope);
+        let mut inv = self.inner.finish.prepare_invoke();
+        inv.key(&key)
+            .arg(self.shift())
+            .arg(self.retention_ms())
+            .arg(token.owner.as_str())
+            .arg(token.version)
+            .arg(finish.state.as_str());
+        match &finish.result {
+            Some(r) => {
+                let headers = serde_json::to_string(&r.headers)
+                    .map_err(|e| StoreError::Backend(format!("result headers: {e}")))?;
+                inv.arg("1")
+                    .arg(r.status)
+                    .arg(headers)
+                    .arg(r.body.as_slice());
+                match &r.result_ref {
+                    Some(rr) => inv.arg("1").arg(rr.as_str()),
+                    None => inv.arg("0").arg(""),
+                };
+            }
+            None => {
+                inv.arg("0").arg("").arg("").arg("").arg("0").arg("");
+            }
+        }
+        let mut conn = self.conn().await;
+        let reply: Value = self.check(inv.invoke_async(&mut conn).await)?;
+        let mut items = reply_items(reply)?.into_iter();
+        match items.next().as_deref() {
+            Some(b"ok") => {
+                let rec = parse_record(items.collect())?;
+                tracing::debug!(scope = %token.scope, state = %rec.state, version = rec.version, "redis finish");
+                Ok(rec)
+            }
+            Some(b"superseded") => {
+                tracing::info!(scope = %token.scope, owner = %token.owner, version = token.version, "redis finish superseded");
+                Err(StoreError::superseded(token))
+            }
+            other => Err(corrupt(format!("finish reply {other:?}"))),
+        }
+    }
+
+    async fn extend_lease(
+        &self,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
+        check_lease(lease)?;
+        let key = self.record_key(&token.scope);
+        let mut inv = self.inner.extend.prepare_invoke();
+        inv.key(&key)
+            .arg(self.shift())
+            .arg(millis_u64(lease))
+            .arg(self.retention_ms())
+            .arg(token.owner.as_str())
+            .arg(token.version);
+        let mut conn = self.conn().await;
+        let reply: Value = self.check(inv.invoke_async(&mut conn).await)?;
+        let items = reply_items(reply)?;
+        match items.first().map(Vec::as_slice) {
+            Some(b"ok") => int(items.get(1).ok_or_else(|| corrupt("extend reply"))?),
+            Some(b"superseded") => Err(StoreError::superseded(token)),
+            other => Err(corrupt(format!("extend reply {other:?}"))),
+        }
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let key = self.record_key(scope);
+        let mut conn = self.conn().await;
+        let reply: Value = self.check(
+            redis::cmd("HGETALL")
+                .arg(&key)
+                .query_async::<Value>(&mut conn)
+                .await,
+        )?;
+        let flat = match reply {
+            Value::Map(pairs) => {
+                let mut flat = Vec::with_capacity(pairs.len() * 2);
+                for (k, v) in pairs {
+                    flat.push(value_bytes(k)?);
+                    flat.push(value_bytes(v)?);
+                }
+                flat
+            }
+            other => reply_items(other)?,
+        };
+        if flat.is_empty() {
+            return Ok(None);
+        }
+        parse_record(flat).map(Some)
+    }
+
+    /// Always `true`: the guard is the atomic single-key claim script, not a schema
+    /// object (see the module docs, *Uniqueness guard*).
+    async fn unique_guard(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope(t: &str, k: &str) -> Scope {
+        Scope::new(TenantId::new(t).unwrap(), IdempotencyKey::new(k).unwrap())
+    }
+
+    #[test]
+    fn keys_are_injective_and_tagged() {
+        let pairs = [
+            ("a:b", "c"),
+            ("a", "b:c"),
+            ("{x}", "y"),
+            ("x", "}{"),
+            ("%7B", "k"),
+            ("{", "k"),
+            ("%", "25"),
+            ("%25", "k"),
+            ("a", "b"),
+            ("a%3Ab", "c"),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (t, k) in pairs {
+            let key = record_key("idem", &scope(t, k));
+            assert!(seen.insert(key.clone()), "{key} collides");
+            let open = key.find('{').unwrap();
+            let close = open + key[open..].find('}').unwrap();
+            let tag = &key[open + 1..close];
+            assert_eq!(
+                tag,
+                format!("{}:{}", encode_component(t), encode_component(k))
+            );
+            assert_eq!(close, key.len() - 1, "{key}: tag must end the key");
+            assert_eq!(tag.matches(':').count(), 1);
+        }
+        assert_eq!(
+            record_key("idem", &scope("t{1}", "k:2")),
+            "idem:r:{t%7B1%7D:k%3A2}"
+        );
+    }
+
+    #[test]
+    fn error_mapping() {
+        let io: RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+        assert!(map_err(&io).is_unavailable());
+        let dropped: RedisError = std::io::Error::from(std::io::ErrorKind::BrokenPipe).into();
+        assert!(map_err(&dropped).is_unavailable());
+        let timeout: RedisError = std::io::Error::from(std::io::ErrorKind::TimedOut).into();
+        assert!(map_err(&timeout).is_unavailable());
+        let loading: RedisError = (redis::ErrorKind::BusyLoadingError, "loading").into();
+        assert!(map_err(&loading).is_unavailable());
+        let other: RedisError = (redis::ErrorKind::TypeError, "wrong type").into();
+        assert_eq!(map_err(&other).kind(), idem_core::ErrorKind::Backend);
+    }
+
+    #[test]
+    fn record_round_trip_from_fields() {
+        let flat: Vec<Vec<u8>> = [
+            ("tenant", &b"t"[..]),
+            ("key", b"k"),
+            ("principal", b"p"),
+            ("fp", Fingerprint::of_bytes(b"x").to_hex().as_bytes()),
+            ("state", b"SUCCEEDED"),
+            ("version", b"2"),
+            ("owner", b"o"),
+            ("attempts", b"1"),
+            ("created", b"10"),
+            ("updated", b"20"),
+            ("completed", b"20"),
+            ("r_status", b"201"),
+            ("r_headers", br#"[["a","b"]]"#),
+            ("r_body", &[0u8, 255, 10]),
+        ]
+        .iter()
+        .flat_map(|(k, v)| [k.as_bytes().to_vec(), v.to_vec()])
+        .collect();
+        let rec = parse_record(flat).unwrap();
+        assert_eq!(rec.state, RecordState::Succeeded);
+        assert_eq!(rec.lease_expires_at, None);
+        let r = rec.result.unwrap();
+        assert_eq!(r.body, vec![0, 255, 10]);
+        assert_eq!(r.headers, vec![("a".to_string(), "b".to_string())]);
+        assert_eq!(r.result_ref, None);
+    }
+}

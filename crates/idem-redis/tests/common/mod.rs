@@ -1,0 +1,242 @@
+//! Test harness for the Redis store: a unique key prefix per harness, removed on drop.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{ClockShift, IdempotencyStore, StoreLimits};
+use idem_redis::{RedisOptions, RedisStore};
+
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+pub fn redis_url() -> String {
+    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_string())
+}
+
+/// One test's view of the shared Redis server: everything it writes lives under
+/// `idem-test-<uuid>:` and is deleted when the harness is dropped.
+pub struct RedisHarness {
+    pub url: String,
+    pub prefix: String,
+    pub clock: ClockShift,
+    pub retention: Duration,
+    /// Whether the server was reached (only then is there anything to clean up).
+    connected: bool,
+}
+
+impl RedisHarness {
+    /// A harness with the default test retention, or `None` (after reporting the skip)
+    /// when Redis is unreachable.
+    pub async fn new() -> Option<Self> {
+        Self::with_retention(Duration::from_secs(600)).await
+    }
+
+    pub async fn with_retention(retention: Duration) -> Option<Self> {
+        let mut h = RedisHarness {
+            url: redis_url(),
+            prefix: format!("idem-test-{}", uuid::Uuid::new_v4().simple()),
+            clock: ClockShift::new(),
+            retention,
+            connected: false,
+        };
+        match h.store().await {
+            Ok(_) => {
+                h.connected = true;
+                Some(h)
+            }
+            Err(err) => {
+                idem_conformance::skip_or_fail("Redis", &err);
+                None
+            }
+        }
+    }
+
+    pub fn options(&self) -> RedisOptions {
+        RedisOptions {
+            prefix: self.prefix.clone(),
+            retention: self.retention,
+            limits: StoreLimits {
+                max_result_bytes: MAX_RESULT_BYTES,
+            },
+            clock: self.clock.clone(),
+            connect_timeout: Duration::from_secs(3),
+            ..RedisOptions::default()
+        }
+    }
+
+    /// A new store (its own connection) over this harness's prefix.
+    pub async fn store(&self) -> Result<RedisStore, idem_core::StoreError> {
+        RedisStore::connect(&self.url, self.options()).await
+    }
+
+    /// A separate admin connection (not one of the store's).
+    pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("admin connection")
+    }
+
+    /// All keys under this harness's prefix.
+    pub async fn keys(&self) -> Vec<String> {
+        let mut admin = self.admin().await;
+        scan_keys_async(&mut admin, &self.pattern()).await
+    }
+
+    fn pattern(&self) -> String {
+        format!("{}:*", glob_escape(&self.prefix))
+    }
+}
+
+pub fn glob_escape(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if "*?[]\\".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+async fn scan_keys_async(
+    conn: &mut redis::aio::MultiplexedConnection,
+    pattern: &str,
+) -> Vec<String> {
+    let mut cursor: u64 = 0;
+    let mut keys = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .expect("SCAN");
+        keys.extend(batch);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+/// Deletes every key matching `pattern`; returns how many were deleted.
+fn purge(url: &str, pattern: &str) -> redis::RedisResult<usize> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(5))?;
+    let mut deleted = 0;
+    // Repeat until a full scan finds nothing: a late write from a task still running
+    // when the test ended is caught by the next pass.
+    for _ in 0..5 {
+        let mut cursor: u64 = 0;
+        let mut found = 0;
+        loop {
+            let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut conn)?;
+            if !batch.is_empty() {
+                found += batch.len();
+                let n: usize = redis::cmd("UNLINK").arg(&batch).query(&mut conn)?;
+                deleted += n;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        if found == 0 {
+            break;
+        }
+    }
+    Ok(deleted)
+}
+
+impl Drop for RedisHarness {
+    fn drop(&mut self) {
+        if !self.connected {
+            return;
+        }
+        let url = self.url.clone();
+        let pattern = self.pattern();
+        // A std thread: Drop may run on a runtime worker, where blocking I/O belongs
+        // off the async threads.
+        let cleanup = std::thread::spawn(move || purge(&url, &pattern));
+        match cleanup.join() {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => eprintln!("redis harness cleanup of {} failed: {e}", self.prefix),
+            Err(_) => eprintln!("redis harness cleanup of {} panicked", self.prefix),
+        }
+    }
+}
+
+#[async_trait]
+impl idem_conformance::Harness for RedisHarness {
+    async fn open(&self) -> Arc<dyn IdempotencyStore> {
+        Arc::new(self.store().await.expect("open redis store"))
+    }
+
+    fn clock(&self) -> &ClockShift {
+        &self.clock
+    }
+
+    fn max_result_bytes(&self) -> usize {
+        MAX_RESULT_BYTES
+    }
+}
+
+/// Kills every server connection named `name` (via `CLIENT LIST` + `CLIENT KILL ID`);
+/// returns how many were killed.
+pub async fn kill_clients_named(
+    admin: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(admin)
+        .await
+        .expect("CLIENT LIST");
+    let ids = client_ids_named(&list, name);
+    let mut killed = 0;
+    for id in ids {
+        let n: redis::RedisResult<i64> = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(admin)
+            .await;
+        killed += n.unwrap_or(0) as usize;
+    }
+    killed
+}
+
+/// Ids of the clients named `name` in a `CLIENT LIST` reply.
+pub fn client_ids_named(list: &str, name: &str) -> Vec<u64> {
+    list.lines()
+        .filter_map(|line| {
+            let mut id = None;
+            let mut named = false;
+            for field in line.split(' ') {
+                if let Some(v) = field.strip_prefix("id=") {
+                    id = v.parse().ok();
+                } else if let Some(v) = field.strip_prefix("name=") {
+                    named = v == name;
+                }
+            }
+            if named {
+                id
+            } else {
+                None
+            }
+        })
+        .collect()
+}

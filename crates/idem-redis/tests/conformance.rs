@@ -1,0 +1,12 @@
+//! The shared store scenarios, run against Redis (`IDEM_TEST_REDIS_URL`, default
+//! `redis://127.0.0.1:6379`). Each test gets its own key prefix, deleted afterwards.
+
+mod common;
+
+pub use common::RedisHarness;
+
+async fn harness() -> Option<RedisHarness> {
+    RedisHarness::new().await
+}
+
+idem_conformance::store_tests!(harness());
