@@ -1,1 +1,183 @@
-fn main() {}
+//! The `idem` command line: one binary for operators and developers.
+//!
+//! It parses arguments, opens the configured store and calls into the library crates;
+//! the rules themselves live in idem-core and the stores, never here.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use idem_core::{IdempotencyKey, StoreError, TenantId};
+
+mod bench;
+mod drill;
+mod keys;
+mod open;
+
+#[derive(Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "Make one business intent take effect once."
+)]
+struct Cli {
+    /// Store to use: sqlite://PATH (default ./idem-data/idem.db).
+    #[arg(long, global = true, env = "IDEM_DATABASE_URL")]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fire N concurrent duplicates of one fresh intent and check exactly one executes.
+    Drill {
+        #[arg(long, default_value_t = 64)]
+        duplicates: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect idempotency records.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Apply the store's schema migrations (also done on open).
+    Migrate,
+    /// Benchmarks that print ratios against a baseline measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Show one record: state, version, owner, times, fingerprint, result reference.
+    Show {
+        key: String,
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// claim+complete and replay throughput against the raw driver doing the naive thing.
+    Store {
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 4.0)]
+        duration: f64,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {msg}");
+    ExitCode::from(2)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
+                .unwrap_or_else(|_| "warn,sqlx=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let url = cli.database_url.clone().unwrap_or_else(open::default_url);
+    match run(cli.command, &url).await {
+        Ok(code) => code,
+        Err(e) => fail(e),
+    }
+}
+
+fn print_json<T: serde::Serialize>(v: &T) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).expect("serialisable report")
+    );
+}
+
+async fn run(command: Command, url: &str) -> Result<ExitCode, StoreError> {
+    match command {
+        Command::Drill { duplicates, json } => {
+            let store = open::open_store(url).await?;
+            let report = drill::run(store, duplicates).await?;
+            if json {
+                print_json(&report);
+            } else {
+                drill::print_human(&report);
+            }
+            Ok(if report.passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Keys {
+            command: KeysCommand::Show { key, tenant, json },
+        } => {
+            let tenant =
+                TenantId::new(tenant).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+            let key =
+                IdempotencyKey::new(key).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+            let store = open::open_store(url).await?;
+            match keys::show(store.as_ref(), &tenant, &key).await? {
+                Some(v) if json => print_json(&v),
+                Some(v) => keys::print_human(&v),
+                None => {
+                    eprintln!("no record for key {key} in tenant {tenant}");
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Migrate => {
+            open::open_store(url).await?;
+            println!("migrations applied to {}", open::redact(url));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Store {
+                    concurrency,
+                    duration,
+                    json,
+                },
+        } => {
+            if !(duration.is_finite() && duration > 0.0) {
+                return Err(StoreError::InvalidInput(
+                    "--duration must be a positive number of seconds".into(),
+                ));
+            }
+            let (store, baseline, _tmp) = open::open_bench(url).await?;
+            let tenant =
+                TenantId::new(format!("bench-{}", uuid::Uuid::now_v7().simple())).expect("tenant");
+            let report = bench::run(
+                store,
+                baseline.clone(),
+                &tenant,
+                concurrency,
+                Duration::from_secs_f64(duration),
+            )
+            .await;
+            let cleaned = baseline.cleanup().await;
+            let report = report?;
+            cleaned?;
+            if json {
+                print_json(&report);
+            } else {
+                bench::print_human(&report);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

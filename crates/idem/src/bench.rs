@@ -1,0 +1,537 @@
+//! `idem bench store`: claim+complete and replay throughput of an idem store against a
+//! raw-driver baseline doing the naive equivalent on the same server, in the same run.
+//!
+//! Phases alternate (baseline, idem, baseline, idem) so drift in the machine's load hits
+//! both sides alike. Figures are printed as ratios; absolute numbers depend on the host.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use idem_core::{
+    Claim, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, OwnerId, Principal, Scope,
+    StoreError, StoredResult, TenantId,
+};
+use serde::Serialize;
+
+/// The raw driver doing the naive version of the same work.
+#[async_trait]
+pub trait Baseline: Send + Sync {
+    fn describe(&self) -> &'static str;
+    /// Naive claim+complete: insert if absent, then update to the final result.
+    async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError>;
+    /// Plain read of one record.
+    async fn replay(&self, tenant: &str, key: &str) -> Result<(), StoreError>;
+    /// Removes what the bench wrote (its schema or key prefix), idem's records included.
+    async fn cleanup(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Phase {
+    pub phase: &'static str,
+    pub idem_ops_per_s: f64,
+    pub baseline_ops_per_s: f64,
+    pub ratio: f64,
+    pub idem_p50_us: u64,
+    pub idem_p99_us: u64,
+    pub baseline_p50_us: u64,
+    pub baseline_p99_us: u64,
+    pub baseline: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub backend: String,
+    pub concurrency: usize,
+    pub duration_s: f64,
+    pub phases: Vec<Phase>,
+}
+
+#[derive(Default)]
+struct Load {
+    ops: u64,
+    elapsed: Duration,
+    latencies_us: Vec<u64>,
+}
+
+impl Load {
+    fn merge(&mut self, other: Load) {
+        self.ops += other.ops;
+        self.elapsed += other.elapsed;
+        self.latencies_us.extend(other.latencies_us);
+    }
+
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn percentile(&mut self, p: f64) -> u64 {
+        if self.latencies_us.is_empty() {
+            return 0;
+        }
+        self.latencies_us.sort_unstable();
+        let idx = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies_us[idx]
+    }
+}
+
+/// Runs `op(task, seq)` from `concurrency` tasks until `duration` passes.
+async fn drive<F, Fut>(concurrency: usize, duration: Duration, op: F) -> Result<Load, StoreError>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), StoreError>> + Send,
+{
+    let op = Arc::new(op);
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for task in 0..concurrency {
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut seq = 0u64;
+            while Instant::now() < deadline {
+                let t0 = Instant::now();
+                op(task, seq).await?;
+                lat.push(t0.elapsed().as_micros() as u64);
+                seq += 1;
+            }
+            Ok::<_, StoreError>(lat)
+        }));
+    }
+    let mut load = Load::default();
+    for t in tasks {
+        let lat = t
+            .await
+            .map_err(|e| StoreError::Backend(format!("bench task: {e}")))??;
+        load.ops += lat.len() as u64;
+        load.latencies_us.extend(lat);
+    }
+    load.elapsed = started.elapsed();
+    Ok(load)
+}
+
+fn claim_request(tenant: &TenantId, key: &str, owner: usize) -> ClaimRequest {
+    ClaimRequest {
+        scope: Scope::new(tenant.clone(), IdempotencyKey::new(key).expect("bench key")),
+        principal: Principal::new("bench").expect("static"),
+        fingerprint: Fingerprint::of_bytes(b"bench-payload"),
+        owner: OwnerId::new(format!("bench-{owner}")).expect("owner"),
+        lease: Duration::from_secs(30),
+    }
+}
+
+fn bench_result() -> StoredResult {
+    StoredResult {
+        status: 201,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: br#"{"order_id":"ord_0192f0c0bench","status":"pending_payment"}"#.to_vec(),
+        result_ref: Some("ord_0192f0c0bench".into()),
+    }
+}
+
+fn phase(name: &'static str, baseline: &'static str, mut idem: Load, mut base: Load) -> Phase {
+    let (i, b) = (idem.rate(), base.rate());
+    Phase {
+        phase: name,
+        idem_ops_per_s: i.round(),
+        baseline_ops_per_s: b.round(),
+        ratio: if b > 0.0 {
+            (i / b * 100.0).round() / 100.0
+        } else {
+            0.0
+        },
+        idem_p50_us: idem.percentile(0.50),
+        idem_p99_us: idem.percentile(0.99),
+        baseline_p50_us: base.percentile(0.50),
+        baseline_p99_us: base.percentile(0.99),
+        baseline,
+    }
+}
+
+pub async fn run(
+    store: Arc<dyn IdempotencyStore>,
+    baseline: Arc<dyn Baseline>,
+    tenant: &TenantId,
+    concurrency: usize,
+    duration: Duration,
+) -> Result<BenchReport, StoreError> {
+    if concurrency == 0 || duration.is_zero() {
+        return Err(StoreError::InvalidInput(
+            "--concurrency and --duration must be positive".into(),
+        ));
+    }
+    let half = duration / 2;
+    let run_id = uuid::Uuid::now_v7().simple().to_string();
+
+    // claim+complete on fresh keys
+    let mut idem = Load::default();
+    let mut base = Load::default();
+    for round in 0..2 {
+        let b = baseline.clone();
+        let t = tenant.to_string();
+        let prefix = format!("{run_id}-b{round}");
+        base.merge(
+            drive(concurrency, half, move |task, seq| {
+                let b = b.clone();
+                let t = t.clone();
+                let key = format!("{prefix}-{task}-{seq}");
+                async move { b.claim_complete(&t, &key, &bench_result().body).await }
+            })
+            .await?,
+        );
+        let s = store.clone();
+        let t = tenant.clone();
+        let prefix = format!("{run_id}-i{round}");
+        idem.merge(
+            drive(concurrency, half, move |task, seq| {
+                let s = s.clone();
+                let req = claim_request(&t, &format!("{prefix}-{task}-{seq}"), task);
+                async move {
+                    match s.claim(&req).await? {
+                        Claim::Proceed(token) => {
+                            s.complete(&token, bench_result()).await.map(|_| ())
+                        }
+                        other => Err(StoreError::Backend(format!(
+                            "fresh key was not executed: {}",
+                            other.decision()
+                        ))),
+                    }
+                }
+            })
+            .await?,
+        );
+    }
+    let claim_phase = phase("claim_complete", baseline.describe(), idem, base);
+
+    // replay of one hot key
+    let hot = format!("{run_id}-hot");
+    let req = claim_request(tenant, &hot, 0);
+    if let Claim::Proceed(token) = store.claim(&req).await? {
+        store.complete(&token, bench_result()).await?;
+    }
+    baseline
+        .claim_complete(tenant.as_str(), &hot, &bench_result().body)
+        .await?;
+    let mut idem = Load::default();
+    let mut base = Load::default();
+    for _ in 0..2 {
+        let b = baseline.clone();
+        let t = tenant.to_string();
+        let k = hot.clone();
+        base.merge(
+            drive(concurrency, half, move |_, _| {
+                let b = b.clone();
+                let t = t.clone();
+                let k = k.clone();
+                async move { b.replay(&t, &k).await }
+            })
+            .await?,
+        );
+        let s = store.clone();
+        let req = req.clone();
+        idem.merge(
+            drive(concurrency, half, move |_, _| {
+                let s = s.clone();
+                let req = req.clone();
+                async move {
+                    match s.claim(&req).await? {
+                        Claim::Replay(_) => Ok(()),
+                        other => Err(StoreError::Backend(format!(
+                            "hot key was not replayed: {}",
+                            other.decision()
+                        ))),
+                    }
+                }
+            })
+            .await?,
+        );
+    }
+    let replay_phase = phase("replay", baseline.describe(), idem, base);
+
+    Ok(BenchReport {
+        backend: store.backend().to_string(),
+        concurrency,
+        duration_s: duration.as_secs_f64(),
+        phases: vec![claim_phase, replay_phase],
+    })
+}
+
+pub fn print_human(r: &BenchReport) {
+    println!(
+        "idem bench store on {} ({} tasks, {:.0} s per phase)",
+        r.backend, r.concurrency, r.duration_s
+    );
+    for p in &r.phases {
+        println!(
+            "  {:<15} idem {:>9.0} ops/s (p50 {} us, p99 {} us)  baseline {:>9.0} ops/s (p50 {} us, p99 {} us)  ratio {:.2}",
+            p.phase, p.idem_ops_per_s, p.idem_p50_us, p.idem_p99_us, p.baseline_ops_per_s,
+            p.baseline_p50_us, p.baseline_p99_us, p.ratio
+        );
+        println!("  {:<15} baseline: {}", "", p.baseline);
+    }
+}
+
+/// SQLite baseline: raw sqlx on a table of the same shape, same pool settings.
+pub struct SqliteBaseline {
+    pool: sqlx::SqlitePool,
+}
+
+impl SqliteBaseline {
+    /// Creates the naive table on its own connection first, then opens a pool with the
+    /// store's settings; pooled connections opened before DDL would see a stale schema.
+    pub async fn new(opts: &idem_sqlite::SqliteOptions) -> Result<Self, StoreError> {
+        use sqlx::{ConnectOptions, Connection};
+        let mut conn = opts.connect_options().connect().await.map_err(raw)?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS idem_bench_naive (tenant_id TEXT NOT NULL, key TEXT NOT NULL, \
+             principal TEXT NOT NULL, fingerprint BLOB NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL, \
+             owner TEXT, lease_expires_at INTEGER, result_status INTEGER, result_headers TEXT, \
+             result_body BLOB, result_ref TEXT, attempts INTEGER NOT NULL, created_at INTEGER NOT NULL, \
+             updated_at INTEGER NOT NULL, completed_at INTEGER); \
+             CREATE UNIQUE INDEX IF NOT EXISTS idem_bench_naive_uq ON idem_bench_naive (tenant_id, key);",
+        )
+        .execute(&mut conn)
+        .await
+        .map_err(raw)?;
+        conn.close().await.map_err(raw)?;
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(opts.max_connections)
+            .connect_with(opts.connect_options())
+            .await
+            .map_err(raw)?;
+        Ok(Self { pool })
+    }
+}
+
+const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+fn raw(e: sqlx::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+#[async_trait]
+impl Baseline for SqliteBaseline {
+    fn describe(&self) -> &'static str {
+        "sqlx: INSERT ... ON CONFLICT DO NOTHING, then UPDATE (same table shape, same pool)"
+    }
+
+    async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "INSERT INTO idem_bench_naive (tenant_id, key, principal, fingerprint, state, version, owner, \
+             lease_expires_at, attempts, created_at, updated_at) VALUES (?, ?, 'bench', ?, 'PROCESSING', 1, \
+             'bench', {SQLITE_NOW} + 30000, 1, {SQLITE_NOW}, {SQLITE_NOW}) ON CONFLICT (tenant_id, key) DO NOTHING"
+        ))
+        .bind(tenant)
+        .bind(key)
+        .bind(&Fingerprint::of_bytes(b"bench-payload").as_bytes()[..])
+        .execute(&self.pool)
+        .await
+        .map_err(raw)?;
+        sqlx::query(&format!(
+            "UPDATE idem_bench_naive SET state = 'SUCCEEDED', version = version + 1, lease_expires_at = NULL, \
+             result_status = 201, result_headers = '[[\"content-type\",\"application/json\"]]', result_body = ?, \
+             result_ref = 'ord_0192f0c0bench', updated_at = {SQLITE_NOW}, completed_at = {SQLITE_NOW} \
+             WHERE tenant_id = ? AND key = ?"
+        ))
+        .bind(body)
+        .bind(tenant)
+        .bind(key)
+        .execute(&self.pool)
+        .await
+        .map_err(raw)?;
+        Ok(())
+    }
+
+    async fn replay(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        sqlx::query("SELECT * FROM idem_bench_naive WHERE tenant_id = ? AND key = ?")
+            .bind(tenant)
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(raw)?;
+        Ok(())
+    }
+}
+
+/// PostgreSQL baseline: the naive two statements on a table of the same shape (LIKE
+/// idem_records, indexes included) in the bench's own schema, with its own pool of the
+/// same size. `cleanup` drops the schema.
+pub struct PgBaseline {
+    pool: sqlx::PgPool,
+    schema: String,
+}
+
+const PG_NOW: &str = "((extract(epoch from clock_timestamp()) * 1000)::bigint)";
+
+impl PgBaseline {
+    pub async fn new(url: &str, schema: &str) -> Result<Self, StoreError> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(32)
+            .connect(url)
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {schema}.idem_bench_naive (LIKE {schema}.idem_records INCLUDING ALL)"
+        ))
+        .execute(&pool)
+        .await
+        .map_err(raw)?;
+        Ok(Self {
+            pool,
+            schema: schema.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl Baseline for PgBaseline {
+    fn describe(&self) -> &'static str {
+        "sqlx: INSERT ... ON CONFLICT DO NOTHING, then UPDATE (same table shape, pool of 32)"
+    }
+
+    async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {
+        let s = &self.schema;
+        sqlx::query(&format!(
+            "INSERT INTO {s}.idem_bench_naive (tenant_id, key, principal, fingerprint, state, version, owner, \
+             lease_expires_at, attempts, created_at, updated_at) VALUES ($1, $2, 'bench', $3, 'PROCESSING', 1, \
+             'bench', {PG_NOW} + 30000, 1, {PG_NOW}, {PG_NOW}) ON CONFLICT (tenant_id, key) DO NOTHING"
+        ))
+        .bind(tenant)
+        .bind(key)
+        .bind(&Fingerprint::of_bytes(b"bench-payload").as_bytes()[..])
+        .execute(&self.pool)
+        .await
+        .map_err(raw)?;
+        sqlx::query(&format!(
+            "UPDATE {s}.idem_bench_naive SET state = 'SUCCEEDED', version = version + 1, lease_expires_at = NULL, \
+             result_status = 201, result_headers = '[[\"content-type\",\"application/json\"]]'::jsonb, result_body = $1, \
+             result_ref = 'ord_0192f0c0bench', updated_at = {PG_NOW}, completed_at = {PG_NOW} \
+             WHERE tenant_id = $2 AND key = $3"
+        ))
+        .bind(body)
+        .bind(tenant)
+        .bind(key)
+        .execute(&self.pool)
+        .await
+        .map_err(raw)?;
+        Ok(())
+    }
+
+    async fn replay(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        sqlx::query(&format!(
+            "SELECT * FROM {}.idem_bench_naive WHERE tenant_id = $1 AND key = $2",
+            self.schema
+        ))
+        .bind(tenant)
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(raw)?;
+        Ok(())
+    }
+
+    async fn cleanup(&self) -> Result<(), StoreError> {
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
+            .execute(&self.pool)
+            .await
+            .map_err(raw)?;
+        Ok(())
+    }
+}
+
+/// Redis baseline: `SET NX PX` then `SET PX` with the result; replay is a `GET`.
+pub struct RedisBaseline {
+    conn: redis::aio::ConnectionManager,
+    prefix: String,
+}
+
+fn redis_err(e: redis::RedisError) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl RedisBaseline {
+    pub async fn new(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        let client =
+            redis::Client::open(url).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+        let conn = tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
+            .await
+            .map_err(|_| StoreError::Unavailable("redis connect timed out".into()))?
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        Ok(Self {
+            conn,
+            prefix: prefix.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl Baseline for RedisBaseline {
+    fn describe(&self) -> &'static str {
+        "redis-rs: SET NX PX, then SET PX with the result; replay GET"
+    }
+
+    async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {
+        let k = format!("{}:naive:{{{tenant}:{key}}}", self.prefix);
+        let mut c = self.conn.clone();
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&k)
+            .arg("PROCESSING")
+            .arg("NX")
+            .arg("PX")
+            .arg(86_400_000)
+            .query_async(&mut c)
+            .await
+            .map_err(redis_err)?;
+        let _: () = redis::cmd("SET")
+            .arg(&k)
+            .arg(body)
+            .arg("PX")
+            .arg(86_400_000)
+            .query_async(&mut c)
+            .await
+            .map_err(redis_err)?;
+        Ok(())
+    }
+
+    async fn replay(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        let k = format!("{}:naive:{{{tenant}:{key}}}", self.prefix);
+        let mut c = self.conn.clone();
+        let _: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&k)
+            .query_async(&mut c)
+            .await
+            .map_err(redis_err)?;
+        Ok(())
+    }
+
+    async fn cleanup(&self) -> Result<(), StoreError> {
+        let mut c = self.conn.clone();
+        let pattern = format!("{}:*", self.prefix);
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut c)
+                .await
+                .map_err(redis_err)?;
+            if !keys.is_empty() {
+                let _: () = redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(redis_err)?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+}

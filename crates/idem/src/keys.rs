@@ -1,0 +1,83 @@
+//! `idem keys show`: one record, for incident work.
+
+use idem_core::{IdempotencyKey, IdempotencyStore, Millis, Record, Scope, TenantId};
+use serde::Serialize;
+
+#[derive(Serialize)]
+pub struct KeyView {
+    pub tenant: String,
+    pub key: String,
+    pub state: String,
+    pub version: i64,
+    pub owner: Option<String>,
+    pub principal: String,
+    pub attempts: i32,
+    pub fingerprint: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub completed_at: Option<String>,
+    pub lease_expires_at: Option<String>,
+    pub result_status: Option<u16>,
+    pub result_ref: Option<String>,
+    pub result_bytes: Option<usize>,
+}
+
+pub fn rfc3339(ms: Millis) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
+pub fn view(r: &Record) -> KeyView {
+    KeyView {
+        tenant: r.tenant.to_string(),
+        key: r.key.to_string(),
+        state: r.state.to_string(),
+        version: r.version,
+        owner: r.owner.as_ref().map(ToString::to_string),
+        principal: r.principal.to_string(),
+        attempts: r.attempts,
+        fingerprint: r.fingerprint.to_hex(),
+        created_at: rfc3339(r.created_at),
+        updated_at: rfc3339(r.updated_at),
+        completed_at: r.completed_at.map(rfc3339),
+        lease_expires_at: r.lease_expires_at.map(rfc3339),
+        result_status: r.result.as_ref().map(|x| x.status),
+        result_ref: r.result.as_ref().and_then(|x| x.result_ref.clone()),
+        result_bytes: r.result.as_ref().map(|x| x.body.len()),
+    }
+}
+
+/// Looks the record up; `Ok(None)` when there is none.
+pub async fn show(
+    store: &dyn IdempotencyStore,
+    tenant: &TenantId,
+    key: &IdempotencyKey,
+) -> Result<Option<KeyView>, idem_core::StoreError> {
+    let scope = Scope::new(tenant.clone(), key.clone());
+    Ok(store.get(&scope).await?.as_ref().map(view))
+}
+
+pub fn print_human(v: &KeyView) {
+    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    println!("tenant        {}", v.tenant);
+    println!("key           {}", v.key);
+    println!("state         {}", v.state);
+    println!("version       {}", v.version);
+    println!("owner         {}", opt(&v.owner));
+    println!("principal     {}", v.principal);
+    println!("attempts      {}", v.attempts);
+    println!("fingerprint   {}", v.fingerprint);
+    println!("created at    {}", v.created_at);
+    println!("updated at    {}", v.updated_at);
+    println!("completed at  {}", opt(&v.completed_at));
+    println!("lease until   {}", opt(&v.lease_expires_at));
+    println!(
+        "result        {}",
+        match v.result_status {
+            Some(s) => format!("status {s}, {} bytes", v.result_bytes.unwrap_or(0)),
+            None => "-".into(),
+        }
+    );
+    println!("result ref    {}", opt(&v.result_ref));
+}

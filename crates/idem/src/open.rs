@@ -1,0 +1,120 @@
+//! Opening a store from a `--database-url`. The CLI is the only place that knows every
+//! backend; the commands work on `dyn IdempotencyStore`.
+
+use std::sync::Arc;
+
+use idem_core::{IdempotencyStore, StoreError};
+use idem_postgres::{PgOptions, PgStore};
+use idem_redis::{RedisOptions, RedisStore};
+use idem_sqlite::{SqliteOptions, SqliteStore};
+
+/// The default when no URL is given: the embedded file.
+pub fn default_url() -> String {
+    format!("sqlite://{}", idem_sqlite::DEFAULT_PATH)
+}
+
+/// Which backend a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+    Redis,
+}
+
+pub fn backend_of(url: &str) -> Result<Backend, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(Backend::Sqlite)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Backend::Postgres)
+    } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+        Ok(Backend::Redis)
+    } else {
+        Err(StoreError::InvalidInput(format!(
+            "unsupported database URL {:?}: expected sqlite://PATH, postgres://… or redis://…",
+            redact(url)
+        )))
+    }
+}
+
+/// Opens the store a URL names; SQLite and PostgreSQL apply pending migrations.
+pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    match backend_of(url)? {
+        Backend::Sqlite => Ok(Arc::new(
+            SqliteStore::open(SqliteOptions::from_url(url)?).await?,
+        )),
+        Backend::Postgres => {
+            let store = PgStore::connect(url, PgOptions::default()).await?;
+            store.migrate().await?;
+            Ok(Arc::new(store))
+        }
+        Backend::Redis => Ok(Arc::new(
+            RedisStore::connect(url, RedisOptions::default()).await?,
+        )),
+    }
+}
+
+/// A URL with any password removed, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}://{user}:***@{}", &url[..s], &url[at + 1..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Opens the store and its raw-driver baseline for `idem bench store`. Without an
+/// explicit URL the embedded store runs in a temporary directory, kept until the
+/// returned guard drops.
+pub async fn open_bench(
+    url: &str,
+) -> Result<
+    (
+        Arc<dyn IdempotencyStore>,
+        Arc<dyn crate::bench::Baseline>,
+        Option<tempfile::TempDir>,
+    ),
+    StoreError,
+> {
+    match backend_of(url)? {
+        Backend::Sqlite => {
+            let (opts, tmp) = if url == default_url() {
+                let tmp = tempfile::tempdir()
+                    .map_err(|e| StoreError::Unavailable(format!("temp dir: {e}")))?;
+                (SqliteOptions::new(tmp.path().join("bench.db")), Some(tmp))
+            } else {
+                (SqliteOptions::from_url(url)?, None)
+            };
+            let baseline = crate::bench::SqliteBaseline::new(&opts).await?;
+            let store = SqliteStore::open(opts).await?;
+            Ok((Arc::new(store), Arc::new(baseline), tmp))
+        }
+        Backend::Postgres => {
+            // A schema of its own, dropped when the bench ends.
+            let schema = format!("idem_bench_{}", uuid::Uuid::now_v7().simple());
+            let options = PgOptions {
+                schema: Some(schema.clone()),
+                max_connections: 32,
+                ..PgOptions::default()
+            };
+            let store = PgStore::connect(url, options).await?;
+            store.migrate().await?;
+            let baseline = crate::bench::PgBaseline::new(url, &schema).await?;
+            Ok((Arc::new(store), Arc::new(baseline), None))
+        }
+        Backend::Redis => {
+            let prefix = format!("idem-bench-{}", uuid::Uuid::now_v7().simple());
+            let options = RedisOptions {
+                prefix: prefix.clone(),
+                ..RedisOptions::default()
+            };
+            let store = RedisStore::connect(url, options).await?;
+            let baseline = crate::bench::RedisBaseline::new(url, &prefix).await?;
+            Ok((Arc::new(store), Arc::new(baseline), None))
+        }
+    }
+}

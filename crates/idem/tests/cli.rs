@@ -1,0 +1,186 @@
+//! The `idem` binary as an operator runs it: exit codes and JSON reports, on real stores.
+
+use std::process::{Command, Output};
+
+fn idem(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .env_remove("IDEM_DATABASE_URL")
+        .output()
+        .expect("run idem")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout {} stderr {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn check_drill_passes(url: &str) -> serde_json::Value {
+    let out = idem(url, &["drill", "--duplicates", "64", "--json"]);
+    let report = json(&out);
+    assert!(out.status.success(), "drill failed: {report}");
+    assert_eq!(report["executions"], 1);
+    assert_eq!(report["replays"], 63);
+    assert_eq!(report["replays_identical"], true);
+    assert_eq!(report["mismatches"], 1);
+    assert_eq!(report["unique_guard"], true);
+    report
+}
+
+#[test]
+fn drill_on_fresh_sqlite_passes_and_keys_show_finds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("fresh/idem.db").display());
+    let report = check_drill_passes(&url);
+
+    let key = report["key"].as_str().unwrap();
+    let out = idem(
+        &url,
+        &["keys", "show", key, "--tenant", "idem-drill", "--json"],
+    );
+    assert!(out.status.success());
+    let rec = json(&out);
+    assert_eq!(rec["state"], "SUCCEEDED");
+    assert_eq!(rec["result_ref"], report["order_id"]);
+    assert_eq!(rec["attempts"], 1);
+
+    let missing = idem(
+        &url,
+        &["keys", "show", "no-such-key", "--tenant", "idem-drill"],
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no record"));
+}
+
+#[test]
+fn drill_reports_a_missing_unique_guard() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let url = format!("sqlite://{}", path.display());
+    check_drill_passes(&url);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = idem_sqlite::SqliteStore::open_path(&path).await.unwrap();
+        sqlx::query("DROP INDEX idem_records_scope_uq")
+            .execute(store.pool())
+            .await
+            .unwrap();
+    });
+    let out = idem(&url, &["drill", "--duplicates", "8", "--json"]);
+    assert!(!out.status.success());
+    let report = json(&out);
+    assert_eq!(report["unique_guard"], false);
+    assert_eq!(report["passed"], false);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let out = idem(&url, &["keys", "show", "has space", "--tenant", "t"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("idempotency key"));
+    let out = idem("mysql://x", &["drill"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported database URL"));
+    let out = idem(&url, &["drill", "--duplicates", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+fn service_url(var: &str, default: &str, probe: fn(&str) -> bool, name: &str) -> Option<String> {
+    let url = std::env::var(var).unwrap_or_else(|_| default.to_string());
+    if probe(&url) {
+        Some(url)
+    } else {
+        idem_conformance::skip_or_fail(name, &format!("{url} unreachable"));
+        None
+    }
+}
+
+fn tcp_up(url: &str) -> bool {
+    let hostport = url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .map(|hp| hp.rsplit('@').next().unwrap_or(hp).to_string())
+        .unwrap_or_default();
+    std::net::TcpStream::connect(hostport).is_ok()
+}
+
+#[test]
+fn drill_on_postgres_in_its_own_schema() {
+    let Some(base) = service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+        tcp_up,
+        "PostgreSQL",
+    ) else {
+        return;
+    };
+    let schema = format!("idem_cli_{}", uuid::Uuid::now_v7().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(async {
+        let pool = sqlx::PgPool::connect(&base).await.unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool
+    });
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+    let outcome = std::panic::catch_unwind(|| {
+        let report = check_drill_passes(&url);
+        assert_eq!(report["backend"], "postgres");
+        // The guard check reads the live catalog.
+        rt.block_on(async {
+            sqlx::query(&format!("DROP INDEX {schema}.idem_records_scope_uq"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        });
+        let out = idem(&url, &["drill", "--duplicates", "8", "--json"]);
+        assert!(!out.status.success());
+        assert_eq!(json(&out)["unique_guard"], false);
+    });
+    rt.block_on(async {
+        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    });
+    if let Err(p) = outcome {
+        std::panic::resume_unwind(p);
+    }
+}
+
+#[test]
+fn drill_on_redis() {
+    let Some(url) = service_url(
+        "IDEM_TEST_REDIS_URL",
+        "redis://127.0.0.1:6379",
+        tcp_up,
+        "Redis",
+    ) else {
+        return;
+    };
+    let report = check_drill_passes(&url);
+    assert_eq!(report["backend"], "redis");
+    // Remove the drill's record: the server is shared.
+    let scope = idem_core::Scope::new(
+        idem_core::TenantId::new("idem-drill").unwrap(),
+        idem_core::IdempotencyKey::new(report["key"].as_str().unwrap()).unwrap(),
+    );
+    let key = idem_redis::record_key(idem_redis::DEFAULT_PREFIX, &scope);
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let removed: i64 = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
+    assert_eq!(removed, 1, "drill record {key} not found");
+}
