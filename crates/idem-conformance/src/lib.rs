@@ -20,6 +20,7 @@ use idem_core::{
 };
 use tokio::sync::Barrier;
 
+pub mod lease;
 mod services;
 pub use services::{require_services, skip_or_fail};
 

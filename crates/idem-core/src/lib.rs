@@ -6,12 +6,17 @@
 
 pub mod fingerprint;
 pub mod key;
+pub mod lease;
 pub mod policy;
 pub mod record;
 pub mod store;
 
 pub use fingerprint::{Fingerprint, Fingerprinter, RequestParts};
 pub use key::{IdempotencyKey, KeyError, OwnerId, Principal, Scope, TenantId};
+pub use lease::{
+    Acquire, Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,
+    LeaseStatus, LeaseStore, Release, Renew,
+};
 pub use policy::{Outcome, OutcomePolicy};
 pub use record::{Millis, Record, RecordState, StoredResult};
 pub use store::{

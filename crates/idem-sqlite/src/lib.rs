@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,9 +26,12 @@ use sqlx::sqlite::{
     SqliteRow, SqliteSynchronous,
 };
 use sqlx::Row;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
+mod lease;
 mod migrate;
 
+pub use lease::*;
 pub use migrate::MIGRATIONS;
 
 /// The default database file, relative to the working directory.
@@ -46,6 +50,8 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// `FULL` by default: a commit survives power loss, not only a process crash.
     pub synchronous: SqliteSynchronous,
+    /// Queue this process's writers in-process instead of in SQLite's busy handler.
+    pub serialize_writers: bool,
 }
 
 impl SqliteOptions {
@@ -57,6 +63,7 @@ impl SqliteOptions {
             max_connections: 8,
             busy_timeout: Duration::from_secs(10),
             synchronous: SqliteSynchronous::Full,
+            serialize_writers: std::env::var("IDEM_SQLITE_SERIALIZE").is_ok_and(|v| v == "1"),
         }
     }
 
@@ -92,6 +99,10 @@ pub struct SqliteStore {
     pool: SqlitePool,
     limits: StoreLimits,
     clock: ClockShift,
+    /// SQLite admits one writer at a time. Queueing this process's writers here, rather
+    /// than in SQLite's sleeping busy handler, keeps latency flat under contention;
+    /// other processes still meet `busy_timeout`.
+    writer: Option<Arc<Mutex<()>>>,
 }
 
 pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
@@ -134,6 +145,7 @@ impl SqliteStore {
             pool,
             limits: options.limits,
             clock: options.clock,
+            writer: options.serialize_writers.then(|| Arc::new(Mutex::new(()))),
         })
     }
 
@@ -151,12 +163,19 @@ impl SqliteStore {
     }
 
     /// Starts a writing transaction the right way for SQLite (`BEGIN IMMEDIATE`), for
-    /// callers that write business rows and finish a claim in one commit.
-    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
-        self.pool
+    /// callers that write business rows and finish a claim in one commit. The
+    /// transaction holds this store's writer slot until it ends.
+    pub async fn begin(&self) -> Result<SqliteTx, StoreError> {
+        let guard = match &self.writer {
+            Some(w) => Some(w.clone().lock_owned().await),
+            None => None,
+        };
+        let tx = self
+            .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .map_err(map_err)
+            .map_err(map_err)?;
+        Ok(SqliteTx { tx, _writer: guard })
     }
 
     /// The store's current time, in epoch milliseconds.
@@ -173,7 +192,7 @@ impl SqliteStore {
         req: &ClaimRequest,
     ) -> Result<Claim, StoreError> {
         self.limits.check_claim(req)?;
-        claim_on(conn, &self.clock, req).await
+        claim_on(conn, &self.clock, None, req).await
     }
 
     /// Finish on the caller's transaction: a lost compare-and-set returns
@@ -185,7 +204,7 @@ impl SqliteStore {
         finish: Finish,
     ) -> Result<Record, StoreError> {
         self.limits.check_finish(&finish)?;
-        finish_on(conn, &self.clock, token, finish).await
+        finish_on(conn, &self.clock, None, token, finish).await
     }
 }
 
@@ -264,51 +283,88 @@ async fn get_on(conn: &mut SqliteConnection, scope: &Scope) -> Result<Option<Rec
     row.as_ref().map(record_from_row).transpose()
 }
 
+/// The record (if any) and the store's time, in one statement.
+async fn get_with_now(
+    conn: &mut SqliteConnection,
+    clock: &ClockShift,
+    scope: &Scope,
+) -> Result<(Millis, Option<Record>), StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {NOW} AS now_ms, r.tenant_id IS NOT NULL AS found, r.* \
+         FROM (SELECT 1) LEFT JOIN idem_records r ON r.tenant_id = ? AND r.key = ?"
+    ))
+    .bind(clock.millis())
+    .bind(scope.tenant.as_str())
+    .bind(scope.key.as_str())
+    .fetch_one(conn)
+    .await
+    .map_err(map_err)?;
+    let now: Millis = row.try_get("now_ms").map_err(map_err)?;
+    let found: bool = row.try_get("found").map_err(map_err)?;
+    let record = if found {
+        Some(record_from_row(&row)?)
+    } else {
+        None
+    };
+    Ok((now, record))
+}
+
+async fn lock(writer: Option<&Mutex<()>>) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+    match writer {
+        Some(m) => Some(m.lock().await),
+        None => None,
+    }
+}
+
 fn lease_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Claim as single statements: the fresh-key fast path is one INSERT; an existing
-/// record is read, decided by the core's table, and taken over by a compare-and-set on
-/// its version. A lost compare-and-set re-reads (the winner is then in progress).
+/// Claim as single statements. One read (record and store time together) decides: an
+/// absent key is inserted (`ON CONFLICT DO NOTHING`, so a concurrent winner makes the
+/// insert return nothing and the loop decides again on the winner's record); an existing
+/// one is decided by the core's table and taken over by a compare-and-set on its version.
+/// Reading first keeps replays off SQLite's single write lock.
 async fn claim_on(
     conn: &mut SqliteConnection,
     clock: &ClockShift,
+    writer: Option<&Mutex<()>>,
     req: &ClaimRequest,
 ) -> Result<Claim, StoreError> {
     let lease = lease_ms(req.lease);
     for _ in 0..16 {
-        let inserted: Option<(i64, i64)> = sqlx::query_as(&format!(
-            "WITH n(now) AS (SELECT {NOW}) \
-             INSERT INTO idem_records (tenant_id, key, principal, fingerprint, state, version, \
-               owner, lease_expires_at, attempts, created_at, updated_at) \
-             SELECT ?, ?, ?, ?, 'PROCESSING', 1, ?, now + ?, 1, now, now FROM n WHERE true \
-             ON CONFLICT (tenant_id, key) DO NOTHING \
-             RETURNING version, lease_expires_at"
-        ))
-        .bind(clock.millis())
-        .bind(req.scope.tenant.as_str())
-        .bind(req.scope.key.as_str())
-        .bind(req.principal.as_str())
-        .bind(&req.fingerprint.as_bytes()[..])
-        .bind(req.owner.as_str())
-        .bind(lease)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(map_err)?;
-        if let Some((version, lease_expires_at)) = inserted {
-            return Ok(Claim::Proceed(ClaimToken {
-                scope: req.scope.clone(),
-                owner: req.owner.clone(),
-                version,
-                lease_expires_at,
-                attempt: 1,
-                kind: ClaimKind::Fresh,
-            }));
-        }
-        let now = now_on(conn, clock).await?;
-        let Some(existing) = get_on(conn, &req.scope).await? else {
-            continue; // removed between the insert and the read: insert again
+        let (now, existing) = get_with_now(conn, clock, &req.scope).await?;
+        let Some(existing) = existing else {
+            let _w = lock(writer).await;
+            let inserted: Option<(i64, i64)> = sqlx::query_as(&format!(
+                "WITH n(now) AS (SELECT {NOW}) \
+                 INSERT INTO idem_records (tenant_id, key, principal, fingerprint, state, version, \
+                   owner, lease_expires_at, attempts, created_at, updated_at) \
+                 SELECT ?, ?, ?, ?, 'PROCESSING', 1, ?, now + ?, 1, now, now FROM n WHERE true \
+                 ON CONFLICT (tenant_id, key) DO NOTHING \
+                 RETURNING version, lease_expires_at"
+            ))
+            .bind(clock.millis())
+            .bind(req.scope.tenant.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(req.principal.as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(req.owner.as_str())
+            .bind(lease)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(map_err)?;
+            if let Some((version, lease_expires_at)) = inserted {
+                return Ok(Claim::Proceed(ClaimToken {
+                    scope: req.scope.clone(),
+                    owner: req.owner.clone(),
+                    version,
+                    lease_expires_at,
+                    attempt: 1,
+                    kind: ClaimKind::Fresh,
+                }));
+            }
+            continue; // a concurrent arrival inserted first: decide on its record
         };
         match decide(&existing, req, now) {
             Decision::Mismatch => {
@@ -325,6 +381,7 @@ async fn claim_on(
                 })
             }
             Decision::TakeOver(kind) => {
+                let _w = lock(writer).await;
                 let taken: Option<(i64, i64, i32)> = sqlx::query_as(&format!(
                     "UPDATE idem_records SET state = 'PROCESSING', version = version + 1, \
                        owner = ?, lease_expires_at = {NOW} + ?, attempts = attempts + 1, \
@@ -365,6 +422,7 @@ async fn claim_on(
 async fn finish_on(
     conn: &mut SqliteConnection,
     clock: &ClockShift,
+    writer: Option<&Mutex<()>>,
     token: &ClaimToken,
     finish: Finish,
 ) -> Result<Record, StoreError> {
@@ -374,6 +432,7 @@ async fn finish_on(
         .map(|r| serde_json::to_string(&r.headers))
         .transpose()
         .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+    let _w = lock(writer).await;
     let row = sqlx::query(&format!(
         "UPDATE idem_records SET state = ?, version = version + 1, lease_expires_at = NULL, \
            result_status = ?, result_headers = ?, result_body = ?, result_ref = ?, \
@@ -411,13 +470,20 @@ impl IdempotencyStore for SqliteStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         self.limits.check_claim(req)?;
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        claim_on(&mut conn, &self.clock, req).await
+        claim_on(&mut conn, &self.clock, self.writer.as_deref(), req).await
     }
 
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
         self.limits.check_finish(&finish)?;
         let mut conn = self.pool.acquire().await.map_err(map_err)?;
-        finish_on(&mut conn, &self.clock, token, finish).await
+        finish_on(
+            &mut conn,
+            &self.clock,
+            self.writer.as_deref(),
+            token,
+            finish,
+        )
+        .await
     }
 
     async fn extend_lease(
@@ -426,6 +492,7 @@ impl IdempotencyStore for SqliteStore {
         lease: Duration,
     ) -> Result<Millis, StoreError> {
         idem_core::store::check_lease(lease)?;
+        let _w = lock(self.writer.as_deref()).await;
         let deadline: Option<i64> = sqlx::query_scalar(&format!(
             "UPDATE idem_records SET lease_expires_at = {NOW} + ?, updated_at = {NOW} \
              WHERE tenant_id = ? AND key = ? AND version = ? AND owner = ? \
@@ -470,5 +537,36 @@ impl IdempotencyStore for SqliteStore {
             }
         }
         Ok(false)
+    }
+}
+
+/// A `BEGIN IMMEDIATE` transaction holding the store's writer slot. Derefs to the sqlx
+/// transaction; pass `&mut *tx` (a connection) to `claim_in_tx` / `finish_in_tx` and to
+/// business writes, then `commit()`. Dropping it rolls back.
+pub struct SqliteTx {
+    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    _writer: Option<OwnedMutexGuard<()>>,
+}
+
+impl SqliteTx {
+    pub async fn commit(self) -> Result<(), StoreError> {
+        self.tx.commit().await.map_err(map_err)
+    }
+
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        self.tx.rollback().await.map_err(map_err)
+    }
+}
+
+impl std::ops::Deref for SqliteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for SqliteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
     }
 }

@@ -8,7 +8,10 @@ use crate::map_err;
 use idem_core::StoreError;
 
 /// `(version, sql)` in order.
-pub const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/0001_records.sql"))];
+pub const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/0001_records.sql")),
+    (2, include_str!("../migrations/0002_leases.sql")),
+];
 
 pub(crate) async fn apply(pool: &SqlitePool) -> Result<(), StoreError> {
     // IMMEDIATE: two processes opening the same file at once serialise here.

@@ -1,0 +1,473 @@
+//! Leases with fencing tokens on SQLite, and the fenced write for resources in the file.
+//!
+//! Owns the `idem_leases`, `idem_lease_tokens`, `idem_lease_events` and `idem_fences`
+//! tables. Every change is one `BEGIN IMMEDIATE` transaction that reads the lease and the
+//! store time once, writes, and records its event, so the evidence commits with the
+//! change. A grant bumps the per-name counter in `idem_lease_tokens`, which nothing
+//! deletes, so tokens never go back (not even when a lease row is deleted by hand).
+//! Expiry is judged by SQLite's clock plus the [`ClockShift`](idem_core::ClockShift).
+//!
+//! It must not invent lease rules: `idem_core::lease` states them, and
+//! `idem-conformance::lease` checks them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::lease::{check_reason, check_ttl, fence_accepts, holder_detail};
+use idem_core::{
+    Acquire, ClockShift, Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind,
+    LeaseName, LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
+};
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::Row;
+
+use crate::{lease_ms, map_err, now_on, SqliteStore, NOW};
+
+/// The future a fenced write's closure returns; it borrows the transaction's connection.
+pub type FencedWriteFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
+
+fn lerr(e: sqlx::Error) -> LeaseError {
+    map_err(e).into()
+}
+
+fn bad_row(what: &str, e: impl std::fmt::Display) -> LeaseError {
+    LeaseError::Backend(format!("corrupt lease column {what}: {e}"))
+}
+
+/// What one read sees: store time, the lease row (live or expired), the last token.
+struct Snapshot {
+    now: Millis,
+    lease: Option<Lease>,
+    last_token: Option<FencingToken>,
+}
+
+/// Reads the lease row, the token counter and the store time in one statement.
+async fn snapshot(
+    conn: &mut SqliteConnection,
+    clock: &ClockShift,
+    name: &LeaseName,
+) -> Result<Snapshot, LeaseError> {
+    let row = sqlx::query(&format!(
+        "SELECT {NOW} AS now_ms, l.name IS NOT NULL AS found, \
+           l.owner, l.token, l.acquired_at, l.expires_at, l.renewals, \
+           MAX(COALESCE(t.last_token, 0), COALESCE(l.token, 0)) AS last_token \
+         FROM (SELECT 1) \
+         LEFT JOIN idem_leases l ON l.name = ?2 \
+         LEFT JOIN idem_lease_tokens t ON t.name = ?2"
+    ))
+    .bind(clock.millis())
+    .bind(name.as_str())
+    .fetch_one(conn)
+    .await
+    .map_err(lerr)?;
+    let found: bool = row.try_get("found").map_err(lerr)?;
+    let last: i64 = row.try_get("last_token").map_err(lerr)?;
+    Ok(Snapshot {
+        now: row.try_get("now_ms").map_err(lerr)?,
+        lease: found.then(|| lease_from_row(name, &row)).transpose()?,
+        last_token: (last > 0).then_some(FencingToken::new(last)),
+    })
+}
+
+fn lease_from_row(name: &LeaseName, row: &SqliteRow) -> Result<Lease, LeaseError> {
+    let owner: String = row.try_get("owner").map_err(lerr)?;
+    let renewals: i64 = row.try_get("renewals").map_err(lerr)?;
+    Ok(Lease {
+        name: name.clone(),
+        owner: OwnerId::new(owner).map_err(|e| bad_row("owner", e))?,
+        token: FencingToken::new(row.try_get("token").map_err(lerr)?),
+        acquired_at: row.try_get("acquired_at").map_err(lerr)?,
+        expires_at: row.try_get("expires_at").map_err(lerr)?,
+        renewals: u32::try_from(renewals).map_err(|e| bad_row("renewals", e))?,
+    })
+}
+
+async fn record(conn: &mut SqliteConnection, event: &LeaseEvent) -> Result<(), LeaseError> {
+    sqlx::query(
+        "INSERT INTO idem_lease_events \
+           (name, kind, at, owner, token, acquired_at, expires_at, detail) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(event.name.as_str())
+    .bind(event.kind.as_str())
+    .bind(event.at)
+    .bind(event.owner.as_ref().map(OwnerId::as_str))
+    .bind(event.token.map(FencingToken::get))
+    .bind(event.acquired_at)
+    .bind(event.expires_at)
+    .bind(event.detail.as_deref())
+    .execute(conn)
+    .await
+    .map_err(lerr)?;
+    Ok(())
+}
+
+async fn delete_lease(conn: &mut SqliteConnection, name: &LeaseName) -> Result<(), LeaseError> {
+    sqlx::query("DELETE FROM idem_leases WHERE name = ?")
+        .bind(name.as_str())
+        .execute(conn)
+        .await
+        .map_err(lerr)?;
+    Ok(())
+}
+
+/// The live lease in `snap`; an expired row is recorded as `expired` and removed, so
+/// the expiry is recorded once.
+async fn settle_expired(
+    conn: &mut SqliteConnection,
+    snap: Snapshot,
+) -> Result<Option<Lease>, LeaseError> {
+    match snap.lease {
+        Some(lease) if !lease.is_live(snap.now) => {
+            record(
+                conn,
+                &LeaseEvent::of_lease(LeaseEventKind::Expired, snap.now, &lease),
+            )
+            .await?;
+            delete_lease(conn, &lease.name).await?;
+            Ok(None)
+        }
+        live => Ok(live),
+    }
+}
+
+fn holds(lease: &Lease, owner: &OwnerId, token: FencingToken, now: Millis) -> bool {
+    lease.owner == *owner && lease.token == token && lease.is_live(now)
+}
+
+impl SqliteStore {
+    async fn begin_lease(&self) -> Result<crate::SqliteTx, LeaseError> {
+        Ok(self.begin().await?)
+    }
+
+    /// Runs `write` in a `BEGIN IMMEDIATE` transaction only if `lease.token` passes the
+    /// fence of `resource` (see [`fence_accepts`]); the fence then remembers the token and
+    /// commits with the write. An older token gets `LeaseError::Fenced` (converted into
+    /// `E`), nothing of the write runs, and a `fenced_write_rejected` event is recorded
+    /// under the lease's name. An error from `write` rolls everything back, the fence
+    /// included.
+    ///
+    /// The closure owns what it writes (the future borrows only the connection) and
+    /// writes through `tx` only: a method of this store that starts its own transaction
+    /// would wait for this one.
+    ///
+    /// ```no_run
+    /// # use idem_core::{Lease, LeaseError};
+    /// # async fn demo(store: idem_sqlite::SqliteStore, lease: Lease) -> Result<(), LeaseError> {
+    /// let event = 42_i64;
+    /// store
+    ///     .fenced_write("inventory:event-42", &lease, move |tx| {
+    ///         Box::pin(async move {
+    ///             sqlx::query("UPDATE inventory SET held = held - 1 WHERE event = ?")
+    ///                 .bind(event)
+    ///                 .execute(tx)
+    ///                 .await
+    ///                 .map_err(|e| LeaseError::Backend(e.to_string()))?;
+    ///             Ok(())
+    ///         })
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub async fn fenced_write<T, E, F>(
+        &self,
+        resource: &str,
+        lease: &Lease,
+        write: F,
+    ) -> Result<T, E>
+    where
+        E: From<LeaseError>,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> FencedWriteFuture<'c, T, E>,
+    {
+        if resource.is_empty() {
+            return Err(LeaseError::InvalidInput("fenced resource name is empty".into()).into());
+        }
+        let mut tx = self.begin_lease().await?;
+        let now = now_on(&mut tx, &self.clock)
+            .await
+            .map_err(LeaseError::from)?;
+        let accepted: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO idem_fences (resource, last_token, lease_name, owner, updated_at) \
+             VALUES (?, ?, ?, ?, ?) \
+             ON CONFLICT (resource) DO UPDATE SET last_token = excluded.last_token, \
+               lease_name = excluded.lease_name, owner = excluded.owner, \
+               updated_at = excluded.updated_at \
+             WHERE excluded.last_token >= idem_fences.last_token \
+             RETURNING last_token",
+        )
+        .bind(resource)
+        .bind(lease.token.get())
+        .bind(lease.name.as_str())
+        .bind(lease.owner.as_str())
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(lerr)?;
+        if accepted.is_none() {
+            let last: i64 =
+                sqlx::query_scalar("SELECT last_token FROM idem_fences WHERE resource = ?")
+                    .bind(resource)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(lerr)?;
+            let last = FencingToken::new(last);
+            debug_assert!(!fence_accepts(Some(last), lease.token));
+            tx.rollback().await.map_err(LeaseError::from)?;
+            // Recorded after the rollback, in its own commit: the caller's transaction
+            // is gone, the evidence must not be.
+            let event = LeaseEvent::of_caller(
+                LeaseEventKind::FencedWriteRejected,
+                now,
+                &lease.name,
+                &lease.owner,
+                lease.token,
+            )
+            .with_detail(format!("resource {resource} accepted token {last}"));
+            let mut evidence = self.begin_lease().await?;
+            record(&mut evidence, &event).await?;
+            evidence.commit().await.map_err(LeaseError::from)?;
+            tracing::warn!(
+                lease = %lease.name, owner = %lease.owner, token = %lease.token,
+                resource, last_accepted = %last, "fenced write rejected"
+            );
+            return Err(LeaseError::from(Fenced {
+                resource: resource.to_owned(),
+                name: lease.name.clone(),
+                owner: lease.owner.clone(),
+                token: lease.token,
+                last_accepted: last,
+            })
+            .into());
+        }
+        let out = write(&mut tx).await?;
+        tx.commit().await.map_err(LeaseError::from)?;
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn try_acquire(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Acquire, LeaseError> {
+        check_ttl(ttl)?;
+        // A live holder is answered from a plain read, off SQLite's single write lock:
+        // contenders polling a held lease do not queue behind each other.
+        let mut conn = self.pool.acquire().await.map_err(lerr)?;
+        let snap = snapshot(&mut conn, &self.clock, name).await?;
+        drop(conn);
+        if let Some(holder) = snap.lease.filter(|l| l.is_live(snap.now)) {
+            return Ok(Acquire::Held {
+                holder,
+                now: snap.now,
+            });
+        }
+
+        let mut tx = self.begin_lease().await?;
+        let snap = snapshot(&mut tx, &self.clock, name).await?;
+        let now = snap.now;
+        // The row's token counts too, in case the counter row was removed by hand.
+        let prior = snap.last_token.map_or(0, FencingToken::get);
+        if let Some(holder) = settle_expired(&mut tx, snap).await? {
+            return Ok(Acquire::Held { holder, now });
+        }
+        let token: i64 = sqlx::query_scalar(
+            "INSERT INTO idem_lease_tokens (name, last_token) VALUES (?, ?) \
+             ON CONFLICT (name) DO UPDATE SET \
+               last_token = MAX(idem_lease_tokens.last_token + 1, excluded.last_token) \
+             RETURNING last_token",
+        )
+        .bind(name.as_str())
+        .bind(prior + 1)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(lerr)?;
+        let lease = Lease {
+            name: name.clone(),
+            owner: owner.clone(),
+            token: FencingToken::new(token),
+            acquired_at: now,
+            expires_at: now.saturating_add(lease_ms(ttl)),
+            renewals: 0,
+        };
+        sqlx::query(
+            "INSERT OR REPLACE INTO idem_leases \
+               (name, owner, token, acquired_at, expires_at, renewals) \
+             VALUES (?, ?, ?, ?, ?, 0)",
+        )
+        .bind(name.as_str())
+        .bind(owner.as_str())
+        .bind(token)
+        .bind(lease.acquired_at)
+        .bind(lease.expires_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(lerr)?;
+        record(
+            &mut tx,
+            &LeaseEvent::of_lease(LeaseEventKind::Acquired, now, &lease),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Acquire::Granted(lease))
+    }
+
+    async fn renew(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Renew, LeaseError> {
+        check_ttl(ttl)?;
+        let mut tx = self.begin_lease().await?;
+        let snap = snapshot(&mut tx, &self.clock, name).await?;
+        let now = snap.now;
+        let answer = match snap.lease {
+            Some(mut lease) if holds(&lease, owner, token, now) => {
+                lease.expires_at = now.saturating_add(lease_ms(ttl));
+                lease.renewals += 1;
+                sqlx::query("UPDATE idem_leases SET expires_at = ?, renewals = ? WHERE name = ?")
+                    .bind(lease.expires_at)
+                    .bind(i64::from(lease.renewals))
+                    .bind(name.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(lerr)?;
+                record(
+                    &mut tx,
+                    &LeaseEvent::of_lease(LeaseEventKind::Renewed, now, &lease),
+                )
+                .await?;
+                Renew::Renewed(lease)
+            }
+            _ => {
+                let current = settle_expired(&mut tx, snap).await?;
+                let event =
+                    LeaseEvent::of_caller(LeaseEventKind::RenewRejected, now, name, owner, token)
+                        .with_detail(holder_detail(current.as_ref()));
+                record(&mut tx, &event).await?;
+                Renew::NotHolder { current }
+            }
+        };
+        tx.commit().await?;
+        Ok(answer)
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+    ) -> Result<Release, LeaseError> {
+        let mut tx = self.begin_lease().await?;
+        let snap = snapshot(&mut tx, &self.clock, name).await?;
+        let now = snap.now;
+        let answer = match snap.lease {
+            Some(lease) if holds(&lease, owner, token, now) => {
+                delete_lease(&mut tx, name).await?;
+                record(
+                    &mut tx,
+                    &LeaseEvent::of_lease(LeaseEventKind::Released, now, &lease),
+                )
+                .await?;
+                Release::Released {
+                    lease,
+                    released_at: now,
+                }
+            }
+            _ => {
+                let current = settle_expired(&mut tx, snap).await?;
+                let detail = holder_detail(current.as_ref());
+                tracing::warn!(
+                    lease = %name, %owner, %token, current = %detail,
+                    "owner-mismatch release: the caller no longer held the lease"
+                );
+                let event = LeaseEvent::of_caller(
+                    LeaseEventKind::ReleaseOwnerMismatch,
+                    now,
+                    name,
+                    owner,
+                    token,
+                )
+                .with_detail(detail);
+                record(&mut tx, &event).await?;
+                Release::NotHolder { current }
+            }
+        };
+        tx.commit().await?;
+        Ok(answer)
+    }
+
+    async fn force_release(
+        &self,
+        name: &LeaseName,
+        reason: &str,
+    ) -> Result<Option<Lease>, LeaseError> {
+        check_reason(reason)?;
+        let mut tx = self.begin_lease().await?;
+        let snap = snapshot(&mut tx, &self.clock, name).await?;
+        let now = snap.now;
+        let removed = settle_expired(&mut tx, snap).await?;
+        let event = match &removed {
+            Some(lease) => {
+                delete_lease(&mut tx, name).await?;
+                LeaseEvent::of_lease(LeaseEventKind::ForceReleased, now, lease)
+            }
+            None => LeaseEvent::new(name, LeaseEventKind::ForceReleased, now),
+        };
+        record(&mut tx, &event.with_detail(reason)).await?;
+        tx.commit().await?;
+        tracing::warn!(lease = %name, reason, removed = ?removed, "lease force-released");
+        Ok(removed)
+    }
+
+    async fn show(&self, name: &LeaseName) -> Result<LeaseStatus, LeaseError> {
+        let mut conn = self.pool.acquire().await.map_err(lerr)?;
+        let snap = snapshot(&mut conn, &self.clock, name).await?;
+        Ok(LeaseStatus {
+            name: name.clone(),
+            holder: snap.lease.filter(|l| l.is_live(snap.now)),
+            last_token: snap.last_token,
+            now: snap.now,
+        })
+    }
+
+    async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError> {
+        let rows = sqlx::query(
+            "SELECT kind, at, owner, token, acquired_at, expires_at, detail FROM ( \
+               SELECT * FROM idem_lease_events WHERE name = ? ORDER BY id DESC LIMIT ?) \
+             ORDER BY id",
+        )
+        .bind(name.as_str())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(lerr)?;
+        rows.iter()
+            .map(|row| {
+                let kind: String = row.try_get("kind").map_err(lerr)?;
+                let owner: Option<String> = row.try_get("owner").map_err(lerr)?;
+                let token: Option<i64> = row.try_get("token").map_err(lerr)?;
+                Ok(LeaseEvent {
+                    name: name.clone(),
+                    kind: kind.parse().map_err(|e| bad_row("kind", e))?,
+                    at: row.try_get("at").map_err(lerr)?,
+                    owner: owner
+                        .map(OwnerId::new)
+                        .transpose()
+                        .map_err(|e| bad_row("owner", e))?,
+                    token: token.map(FencingToken::new),
+                    acquired_at: row.try_get("acquired_at").map_err(lerr)?,
+                    expires_at: row.try_get("expires_at").map_err(lerr)?,
+                    detail: row.try_get("detail").map_err(lerr)?,
+                })
+            })
+            .collect()
+    }
+}
