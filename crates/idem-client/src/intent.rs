@@ -1,0 +1,365 @@
+//! The client and one intent: the key fixed before the first send, the same bytes on
+//! every attempt, and the attempt loop.
+//!
+//! Owns building and sending attempts and reading their responses. It must never mint a
+//! second key for an intent: retries (automatic or a later manual `send`) reuse it.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http::{Method, StatusCode};
+use idem_core::IdempotencyKey;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::error::{AttemptFailure, ClientError, GiveUpReason, Problem};
+use crate::retry::{retry_after, RetryPolicy, REJECTED};
+use crate::{IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+
+/// How the key is written into `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyForm {
+    /// `Idempotency-Key: k-1`, what most servers expect.
+    #[default]
+    Token,
+    /// `Idempotency-Key: "k-1"`, the IETF draft's structured-field string.
+    StructuredString,
+}
+
+/// Sends intents with a fixed key and retries. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct IdempotentClient {
+    http: reqwest::Client,
+    policy: RetryPolicy,
+    key_form: KeyForm,
+}
+
+impl IdempotentClient {
+    pub fn new(http: reqwest::Client) -> Self {
+        Self {
+            http,
+            policy: RetryPolicy::default(),
+            key_form: KeyForm::default(),
+        }
+    }
+
+    pub fn with_policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    pub fn with_key_form(mut self, form: KeyForm) -> Self {
+        self.key_form = form;
+        self
+    }
+
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// A new intent; its key (a UUIDv7) is fixed now, before anything is sent.
+    pub fn intent(&self, method: Method, url: impl Into<String>) -> Intent {
+        Intent {
+            client: self.clone(),
+            policy: self.policy.clone(),
+            method,
+            url: url.into(),
+            key: new_key(),
+            headers: HeaderMap::new(),
+            body: None,
+            invalid: None,
+        }
+    }
+
+    pub fn post(&self, url: impl Into<String>) -> Intent {
+        self.intent(Method::POST, url)
+    }
+
+    pub fn put(&self, url: impl Into<String>) -> Intent {
+        self.intent(Method::PUT, url)
+    }
+
+    pub fn patch(&self, url: impl Into<String>) -> Intent {
+        self.intent(Method::PATCH, url)
+    }
+}
+
+fn new_key() -> IdempotencyKey {
+    IdempotencyKey::new(uuid::Uuid::now_v7().to_string()).expect("a UUID is a valid key")
+}
+
+/// One business intent: method, URL, headers, body bytes and the key, all fixed.
+/// `send` may be called again later (a manual retry): it sends the same key.
+#[derive(Debug, Clone)]
+pub struct Intent {
+    client: IdempotentClient,
+    policy: RetryPolicy,
+    method: Method,
+    url: String,
+    key: IdempotencyKey,
+    headers: HeaderMap,
+    body: Option<Bytes>,
+    /// A builder step that failed; reported by `send`.
+    invalid: Option<String>,
+}
+
+impl Intent {
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// Uses a key the caller already has (a business key, or one persisted across a
+    /// restart) instead of the generated UUIDv7.
+    pub fn with_key(mut self, key: IdempotencyKey) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// Uses a business key such as `pay:{order_id}`.
+    pub fn business_key(self, key: impl Into<String>) -> Result<Self, ClientError> {
+        let key =
+            IdempotencyKey::new(key).map_err(|e| ClientError::InvalidRequest(e.to_string()))?;
+        Ok(self.with_key(key))
+    }
+
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.append(name, value);
+        self
+    }
+
+    pub fn bearer_auth(mut self, token: impl std::fmt::Display) -> Self {
+        match HeaderValue::from_str(&format!("Bearer {token}")) {
+            Ok(mut value) => {
+                value.set_sensitive(true);
+                self.headers.insert(AUTHORIZATION, value);
+            }
+            Err(_) => self.invalid = Some("the bearer token is not a valid header value".into()),
+        }
+        self
+    }
+
+    /// Serialises the body once, so every attempt sends the same bytes.
+    pub fn json<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self, ClientError> {
+        let bytes =
+            serde_json::to_vec(value).map_err(|e| ClientError::InvalidRequest(e.to_string()))?;
+        self.headers
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        self.body = Some(bytes.into());
+        Ok(self)
+    }
+
+    pub fn body(mut self, content_type: HeaderValue, bytes: impl Into<Bytes>) -> Self {
+        self.headers.insert(CONTENT_TYPE, content_type);
+        self.body = Some(bytes.into());
+        self
+    }
+
+    /// Overrides the client's retry policy for this intent.
+    pub fn policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    fn key_header(&self) -> HeaderValue {
+        let text = match self.client.key_form {
+            KeyForm::Token => self.key.as_str().to_owned(),
+            KeyForm::StructuredString => {
+                let escaped = self.key.as_str().replace('\\', "\\\\").replace('"', "\\\"");
+                format!("\"{escaped}\"")
+            }
+        };
+        HeaderValue::from_str(&text).expect("keys are visible ASCII")
+    }
+
+    async fn attempt(&self) -> Result<(StatusCode, HeaderMap, Bytes), reqwest::Error> {
+        let mut request = self
+            .client
+            .http
+            .request(self.method.clone(), &self.url)
+            .headers(self.headers.clone())
+            .header(IDEMPOTENCY_KEY, self.key_header());
+        if let Some(body) = &self.body {
+            request = request.body(body.clone());
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await?;
+        Ok((status, headers, body))
+    }
+
+    /// Sends the intent until it has a final answer, retrying with the same key.
+    pub async fn send(&self) -> Result<IdempotentResponse, ClientError> {
+        if let Some(invalid) = &self.invalid {
+            return Err(ClientError::InvalidRequest(invalid.clone()));
+        }
+        let policy = &self.policy;
+        let started = Instant::now();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let remaining = policy.time_budget.saturating_sub(started.elapsed());
+            let timeout = policy
+                .attempt_timeout
+                .min(remaining)
+                .max(Duration::from_millis(1));
+            let failure = match tokio::time::timeout(timeout, self.attempt()).await {
+                Err(_) => AttemptFailure::TimedOut { after: timeout },
+                Ok(Err(e)) if e.is_builder() => {
+                    return Err(ClientError::InvalidRequest(error_chain(&e)));
+                }
+                Ok(Err(e)) => AttemptFailure::Connection(error_chain(&e)),
+                Ok(Ok((status, headers, body))) => {
+                    let response = IdempotentResponse {
+                        replayed: headers
+                            .get(IDEMPOTENT_REPLAYED)
+                            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")),
+                        status,
+                        headers,
+                        body,
+                        key: self.key.clone(),
+                        attempts,
+                        elapsed: started.elapsed(),
+                    };
+                    let code = status.as_u16();
+                    if REJECTED.contains(&code) {
+                        return Err(ClientError::Rejected {
+                            problem: response.problem(),
+                            response: Box::new(response),
+                        });
+                    }
+                    if !policy.retry_statuses.contains(&code) {
+                        return Ok(response);
+                    }
+                    AttemptFailure::Status {
+                        status: code,
+                        retry_after: retry_after(&response.headers),
+                        problem: response.problem(),
+                    }
+                }
+            };
+            let give_up = |reason| ClientError::GaveUp {
+                key: self.key.clone(),
+                attempts,
+                elapsed: started.elapsed(),
+                reason,
+                last: Box::new(failure.clone()),
+            };
+            if attempts >= policy.max_attempts {
+                return Err(give_up(GiveUpReason::AttemptsExhausted {
+                    max_attempts: policy.max_attempts,
+                }));
+            }
+            let delay = policy.delay(attempts, failure.retry_after());
+            let remaining = policy.time_budget.saturating_sub(started.elapsed());
+            if delay >= remaining {
+                return Err(give_up(match failure.retry_after() {
+                    Some(retry_after) if retry_after >= remaining => {
+                        GiveUpReason::RetryAfterBeyondBudget {
+                            retry_after,
+                            remaining,
+                        }
+                    }
+                    _ => GiveUpReason::TimeBudgetExhausted {
+                        budget: policy.time_budget,
+                    },
+                }));
+            }
+            tracing::debug!(key = %self.key, attempts, %failure, delay_ms = delay.as_millis() as u64,
+                "attempt failed; retrying with the same key");
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+/// reqwest's Display shows only the outermost error; the cause is what tells a reset
+/// from a refusal.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The final response to an intent.
+#[derive(Debug, Clone)]
+pub struct IdempotentResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// The server answered with the stored result of an earlier attempt
+    /// (`Idempotent-Replayed: true`).
+    pub replayed: bool,
+    pub key: IdempotencyKey,
+    /// Attempts made by this `send`, the final one included.
+    pub attempts: u32,
+    pub elapsed: Duration,
+}
+
+impl IdempotentResponse {
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.body)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// When the server stops replaying this key's result (`Idempotency-Expires`).
+    pub fn expires(&self) -> Option<&str> {
+        self.headers.get(IDEMPOTENCY_EXPIRES)?.to_str().ok()
+    }
+
+    /// The body as a problem, when it is one.
+    pub fn problem(&self) -> Option<Problem> {
+        let is_problem = self
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/problem+json"));
+        if is_problem {
+            serde_json::from_slice(&self.body).ok()
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_is_fixed_at_creation_and_kept() {
+        let client = IdempotentClient::new(reqwest::Client::new());
+        let a = client.post("http://127.0.0.1:1/x");
+        let b = client.post("http://127.0.0.1:1/x");
+        assert_ne!(a.key(), b.key(), "one key per intent");
+        assert_eq!(a.key().as_str().len(), 36);
+        assert_eq!(
+            uuid::Uuid::parse_str(a.key().as_str())
+                .unwrap()
+                .get_version_num(),
+            7
+        );
+        let again = a.clone().bearer_auth("t");
+        assert_eq!(again.key(), a.key(), "building on an intent keeps its key");
+        let business = a.business_key("pay:order-7318").unwrap();
+        assert_eq!(business.key().as_str(), "pay:order-7318");
+        assert!(client.post("x").business_key("has space").is_err());
+    }
+
+    #[test]
+    fn structured_form_escapes() {
+        let client =
+            IdempotentClient::new(reqwest::Client::new()).with_key_form(KeyForm::StructuredString);
+        let i = client.post("http://x").business_key("a\"b\\c").unwrap();
+        assert_eq!(i.key_header(), "\"a\\\"b\\\\c\"");
+    }
+}

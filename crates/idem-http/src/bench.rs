@@ -1,0 +1,314 @@
+//! `idem bench http`: requests per second through an axum app with the layer, against the
+//! same app without it, in the same run, plus the store's own claim+complete rate.
+//!
+//! Every phase drives a real server on 127.0.0.1:0 with concurrent reqwest clients (the
+//! store phase calls the store directly) for a fixed time, so the whole run is bounded.
+//! Figures are reported as ratios; absolute numbers depend on the host. This module only
+//! measures: it must not change the layer's configuration beyond what a phase needs.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use idem_core::{
+    Claim, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, OwnerId, Principal, Scope,
+    StoreError, StoredResult, TenantId,
+};
+use idem_sqlite::{SqliteOptions, SqliteStore};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{BearerTokens, Identity};
+use crate::layer::IdempotencyLayer;
+
+/// What to run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchOptions {
+    /// Length of each of the four phases.
+    pub phase: Duration,
+    /// Concurrent clients (store phase: concurrent tasks).
+    pub concurrency: usize,
+    /// The SQLite file to use; a fresh temporary file when `None`.
+    pub db_path: Option<PathBuf>,
+    /// Distinct keys cycled through in the replay phase.
+    pub replay_keys: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            phase: Duration::from_millis(1500),
+            concurrency: 16,
+            db_path: None,
+            replay_keys: 256,
+        }
+    }
+}
+
+/// One phase's throughput.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PhaseRate {
+    pub phase: String,
+    pub ok: u64,
+    pub errors: u64,
+    pub per_second: f64,
+}
+
+/// The result of [`bench()`]; the ratios are what to compare across machines.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HttpBenchReport {
+    pub backend: String,
+    pub concurrency: usize,
+    pub phase_seconds: f64,
+    pub phases: Vec<PhaseRate>,
+    /// Layer with fresh keys ÷ the same app without the layer.
+    pub fresh_vs_plain: f64,
+    /// Layer answering replays ÷ the same app without the layer.
+    pub replay_vs_plain: f64,
+    /// Layer with fresh keys ÷ the store's own claim+complete rate.
+    pub fresh_vs_store: f64,
+    /// The issue's bar for `fresh_vs_store`.
+    pub fresh_vs_store_target: f64,
+    pub meets_target: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("{0}")]
+    Setup(String),
+}
+
+const TOKEN: &str = "bench-token";
+const BODY: &str = r#"{"user_id":"U-7318","show_id":"S-204","seats":2}"#;
+
+async fn create_order(
+    Json(body): Json<serde_json::Value>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let order = serde_json::json!({
+        "order_id": uuid::Uuid::now_v7().to_string(),
+        "status": "PENDING_PAYMENT",
+        "request": body,
+    });
+    (StatusCode::CREATED, Json(order))
+}
+
+async fn serve(app: Router) -> Result<(String, tokio::task::JoinHandle<()>), BenchError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/v1/orders", listener.local_addr()?);
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok((url, server))
+}
+
+/// Runs `op(task, seq)` from `concurrency` tasks for `phase`; counts Ok(true) as done,
+/// Ok(false) as an error response.
+async fn drive<F, Fut>(name: &str, concurrency: usize, phase: Duration, op: F) -> PhaseRate
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let ok = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + phase;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|task| {
+            let (op, ok, errors) = (op.clone(), ok.clone(), errors.clone());
+            tokio::spawn(async move {
+                let mut seq = 0;
+                while Instant::now() < deadline {
+                    let counter = if op(task, seq).await { &ok } else { &errors };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    seq += 1;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    let ok = ok.load(Ordering::Relaxed);
+    PhaseRate {
+        phase: name.to_owned(),
+        ok,
+        errors: errors.load(Ordering::Relaxed),
+        per_second: ok as f64 / elapsed,
+    }
+}
+
+async fn post_order(client: &reqwest::Client, url: &str, key: Option<&str>) -> bool {
+    let mut request = client
+        .post(url)
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(BODY);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    match request.send().await {
+        Ok(response) => {
+            let success = response.status().is_success();
+            success && response.bytes().await.is_ok()
+        }
+        Err(_) => false,
+    }
+}
+
+/// Measures, in one run: the store's claim+complete rate, the app without the layer, the
+/// app with the layer on fresh keys, and the app with the layer answering replays.
+pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError> {
+    let concurrency = options.concurrency.max(1);
+    let phase = options.phase;
+    let tempdir;
+    let path = match &options.db_path {
+        Some(path) => path.clone(),
+        None => {
+            tempdir = tempfile::tempdir()?;
+            tempdir.path().join("bench.db")
+        }
+    };
+    let store = SqliteStore::open(SqliteOptions::new(path)).await?;
+    let tenant = TenantId::new("bench").map_err(|e| BenchError::Setup(e.to_string()))?;
+    let principal = Principal::new("bench").map_err(|e| BenchError::Setup(e.to_string()))?;
+    let auth = BearerTokens::new().with(TOKEN, Identity::new(tenant.clone(), principal.clone()));
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    let mut phases = Vec::new();
+
+    // 1. The store alone: claim + complete with fresh keys.
+    {
+        let store = store.clone();
+        let (tenant, principal, run) = (tenant.clone(), principal.clone(), run.clone());
+        let fingerprint = Fingerprint::of_bytes(BODY.as_bytes());
+        let result = StoredResult {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: BODY.as_bytes().to_vec(),
+            result_ref: None,
+        };
+        phases.push(
+            drive(
+                "store_claim_complete",
+                concurrency,
+                phase,
+                move |task, seq| {
+                    let store = store.clone();
+                    let request = ClaimRequest {
+                        scope: Scope::new(
+                            tenant.clone(),
+                            IdempotencyKey::new(format!("store-{run}-{task}-{seq}"))
+                                .expect("bench keys are valid"),
+                        ),
+                        principal: principal.clone(),
+                        fingerprint,
+                        owner: OwnerId::new(format!("bench-{task}")).expect("valid owner"),
+                        lease: Duration::from_secs(30),
+                    };
+                    let result = result.clone();
+                    async move {
+                        match store.claim(&request).await {
+                            Ok(Claim::Proceed(token)) => {
+                                store.complete(&token, result).await.is_ok()
+                            }
+                            _ => false,
+                        }
+                    }
+                },
+            )
+            .await,
+        );
+    }
+
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()?;
+
+    // 2. The same app without the layer.
+    let (plain_url, plain_server) =
+        serve(Router::new().route("/v1/orders", post(create_order))).await?;
+    {
+        let (client, url) = (client.clone(), plain_url.clone());
+        phases.push(
+            drive("plain", concurrency, phase, move |_, _| {
+                let (client, url) = (client.clone(), url.clone());
+                async move { post_order(&client, &url, None).await }
+            })
+            .await,
+        );
+    }
+    plain_server.abort();
+
+    // 3. With the layer, fresh keys.
+    let layered = Router::new()
+        .route("/v1/orders", post(create_order))
+        .layer(IdempotencyLayer::new(store.clone(), auth));
+    let (url, server) = serve(layered).await?;
+    {
+        let (client, url, run) = (client.clone(), url.clone(), run.clone());
+        phases.push(
+            drive("layer_fresh_keys", concurrency, phase, move |task, seq| {
+                let (client, url) = (client.clone(), url.clone());
+                let key = format!("fresh-{run}-{task}-{seq}");
+                async move { post_order(&client, &url, Some(&key)).await }
+            })
+            .await,
+        );
+    }
+
+    // 4. With the layer, replay hits.
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..options.replay_keys.max(1))
+            .map(|i| format!("replay-{run}-{i}"))
+            .collect(),
+    );
+    for key in keys.iter() {
+        if !post_order(&client, &url, Some(key)).await {
+            return Err(BenchError::Setup("seeding a replay key failed".into()));
+        }
+    }
+    {
+        let (client, url, keys) = (client.clone(), url.clone(), keys.clone());
+        phases.push(
+            drive("layer_replay_hits", concurrency, phase, move |task, seq| {
+                let (client, url) = (client.clone(), url.clone());
+                let key = keys[(task + seq as usize * concurrency) % keys.len()].clone();
+                async move { post_order(&client, &url, Some(&key)).await }
+            })
+            .await,
+        );
+    }
+    server.abort();
+
+    let rate = |name: &str| {
+        phases
+            .iter()
+            .find(|p| p.phase == name)
+            .map_or(0.0, |p| p.per_second)
+    };
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let fresh = rate("layer_fresh_keys");
+    let fresh_vs_store = ratio(fresh, rate("store_claim_complete"));
+    const TARGET: f64 = 0.8;
+    Ok(HttpBenchReport {
+        backend: store.backend().to_owned(),
+        concurrency,
+        phase_seconds: phase.as_secs_f64(),
+        fresh_vs_plain: ratio(fresh, rate("plain")),
+        replay_vs_plain: ratio(rate("layer_replay_hits"), rate("plain")),
+        fresh_vs_store,
+        fresh_vs_store_target: TARGET,
+        meets_target: fresh_vs_store >= TARGET,
+        phases,
+    })
+}

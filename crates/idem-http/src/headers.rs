@@ -1,0 +1,163 @@
+//! The wire names of the HTTP contract and the parsing of `Idempotency-Key`.
+//!
+//! Owns the header names, reading the key in both forms clients send, and the HTTP-date
+//! text of `Idempotency-Expires`. It must not decide what a missing or invalid key means
+//! for a route: that is the layer's configuration.
+
+use http::header::{HeaderMap, HeaderName};
+use idem_core::{IdempotencyKey, KeyError};
+
+/// Request header carrying the key (IETF draft-ietf-httpapi-idempotency-key-header).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// `Idempotent-Replayed: true` on every replayed response.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// When the stored result stops being replayed: an RFC 9110 HTTP-date (IMF-fixdate,
+/// `Sun, 06 Nov 1994 08:49:37 GMT`), counted from the record's completion plus the
+/// configured retention. Sent on every terminal response, first execution and replays.
+pub const IDEMPOTENCY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-expires");
+/// On a replayed response whose body was larger than the capture limit: the first
+/// response was delivered in full, the replay has the status and headers only.
+pub const IDEMPOTENT_BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-body-omitted");
+
+/// Why a request's `Idempotency-Key` could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyHeaderError {
+    #[error("the Idempotency-Key header is missing")]
+    Missing,
+    #[error("the Idempotency-Key header appears more than once")]
+    Repeated,
+    #[error("the Idempotency-Key header is not a valid structured-field string: {0}")]
+    Malformed(&'static str),
+    #[error(transparent)]
+    Invalid(#[from] KeyError),
+}
+
+/// Reads the key from a request.
+///
+/// Accepts the IETF draft's structured-field string (`Idempotency-Key: "k-1"`, with `\"`
+/// and `\\` escapes and optional `;parameters`, which are ignored) and the plain token
+/// form most clients send in practice (`Idempotency-Key: k-1`). Either way the value must
+/// then be a valid [`IdempotencyKey`]: 1 to 255 visible ASCII characters.
+pub fn read_key(headers: &HeaderMap) -> Result<IdempotencyKey, KeyHeaderError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let value = values.next().ok_or(KeyHeaderError::Missing)?;
+    if values.next().is_some() {
+        return Err(KeyHeaderError::Repeated);
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| KeyHeaderError::Malformed("the value is not visible ASCII"))?
+        .trim_matches([' ', '\t']);
+    if text.starts_with('"') {
+        Ok(IdempotencyKey::new(parse_sf_string(text)?)?)
+    } else {
+        Ok(IdempotencyKey::new(text)?)
+    }
+}
+
+/// RFC 8941 §4.2.5: an sf-string, optionally followed by parameters.
+fn parse_sf_string(text: &str) -> Result<String, KeyHeaderError> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().skip(1);
+    loop {
+        match chars.next() {
+            None => return Err(KeyHeaderError::Malformed("no closing quote")),
+            Some('\\') => match chars.next() {
+                Some(c @ ('"' | '\\')) => out.push(c),
+                _ => return Err(KeyHeaderError::Malformed("bad escape")),
+            },
+            Some('"') => break,
+            Some(c) if (' '..='~').contains(&c) => out.push(c),
+            Some(_) => return Err(KeyHeaderError::Malformed("character outside the string")),
+        }
+    }
+    let rest: String = chars.collect();
+    if rest.is_empty() || rest.starts_with(';') {
+        Ok(out)
+    } else {
+        Err(KeyHeaderError::Malformed("text after the string"))
+    }
+}
+
+/// Formats epoch milliseconds as an IMF-fixdate (RFC 9110 §5.6.7).
+pub fn http_date(epoch_ms: i64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = epoch_ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
+        DAYS[days.rem_euclid(7) as usize],
+        day,
+        MONTHS[(month - 1) as usize],
+        year,
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil: proleptic Gregorian date of a day count since 1970.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn check(values: &[&str], want: Result<&str, ()>) {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(IDEMPOTENCY_KEY, HeaderValue::from_str(v).unwrap());
+        }
+        let got = read_key(&h);
+        match want {
+            Ok(k) => assert_eq!(got.as_ref().map(|k| k.as_str()), Ok(k), "{values:?}"),
+            Err(()) => assert!(got.is_err(), "{values:?} gave {got:?}"),
+        }
+    }
+
+    #[test]
+    fn key_forms() {
+        check(&["pay:order-7318"], Ok("pay:order-7318"));
+        check(&["  tok  "], Ok("tok"));
+        check(&["\"8e03978e-40d5\""], Ok("8e03978e-40d5"));
+        check(&["\"a\\\"b\\\\c\""], Ok("a\"b\\c"));
+        check(&["\"k\";v=1"], Ok("k"));
+        check(&[], Err(()));
+        check(&["a", "b"], Err(()));
+        check(&["\"unterminated"], Err(()));
+        check(&["\"k\"junk"], Err(()));
+        check(&["\"has space\""], Err(()));
+        check(&["\"\""], Err(()));
+        check(&["\"bad\\escape\""], Err(()));
+        check(&[&"k".repeat(256)], Err(()));
+        assert_eq!(read_key(&HeaderMap::new()), Err(KeyHeaderError::Missing));
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(http_date(784_111_777_000), "Sun, 06 Nov 1994 08:49:37 GMT");
+        assert_eq!(http_date(951_782_400_000), "Tue, 29 Feb 2000 00:00:00 GMT");
+        assert_eq!(
+            http_date(4_102_444_799_999),
+            "Thu, 31 Dec 2099 23:59:59 GMT"
+        );
+    }
+}

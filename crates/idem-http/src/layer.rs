@@ -1,0 +1,212 @@
+//! The tower plumbing: [`IdempotencyLayer`], the [`IdempotencyService`] it wraps around
+//! an axum router or route, and the service's [`ResponseFuture`].
+//!
+//! Owns construction and the state every request shares (store, authentication,
+//! configuration, metrics, in-process wake-ups, owner ids). It must not decide anything
+//! about a request itself: that is [`crate::claim`] and [`crate::execute`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::Request;
+use idem_core::{IdempotencyStore, OwnerId};
+use tower::{Layer, Service};
+
+use crate::auth::Authenticate;
+use crate::completion::CompletionSignals;
+use crate::config::IdempotencyConfig;
+use crate::metrics::IdempotencyMetrics;
+use crate::replay::Capture;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Makes every configured route of an axum app idempotent. See the crate docs.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+/// What every request of one layer shares.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub store: Arc<dyn IdempotencyStore>,
+    pub auth: Arc<dyn Authenticate>,
+    pub config: IdempotencyConfig,
+    pub capture: Arc<Capture>,
+    pub metrics: IdempotencyMetrics,
+    pub signals: Arc<CompletionSignals>,
+    pub owners: Arc<OwnerIds>,
+}
+
+/// Owner ids for claims: one prefix per layer instance, a sequence number per claim, so
+/// a record's owner tells which process and which request held it.
+pub(crate) struct OwnerIds {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl OwnerIds {
+    fn new() -> Self {
+        Self {
+            prefix: format!("http-{}", uuid::Uuid::now_v7().simple()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    pub(crate) fn next(&self) -> OwnerId {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        OwnerId::new(format!("{}#{n}", self.prefix)).expect("owner ids are visible ASCII")
+    }
+}
+
+impl IdempotencyLayer {
+    /// The layer with the default configuration (POST and PATCH need a key, 409 on
+    /// in-progress duplicates, fail closed).
+    pub fn new(store: impl IdempotencyStore, auth: impl Authenticate) -> Self {
+        Self::from_arcs(Arc::new(store), Arc::new(auth))
+    }
+
+    /// As [`new`](Self::new), for a store and authentication already shared elsewhere.
+    pub fn from_arcs(store: Arc<dyn IdempotencyStore>, auth: Arc<dyn Authenticate>) -> Self {
+        let config = IdempotencyConfig::default();
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                auth,
+                capture: capture_of(&config),
+                config,
+                metrics: IdempotencyMetrics::default(),
+                signals: Arc::default(),
+                owners: Arc::new(OwnerIds::new()),
+            }),
+        }
+    }
+
+    pub fn with_config(self, config: IdempotencyConfig) -> Self {
+        self.edit(|s| {
+            s.capture = capture_of(&config);
+            s.config = config;
+        })
+    }
+
+    /// Counts into `metrics` (register it in the app's registry once).
+    pub fn with_metrics(self, metrics: IdempotencyMetrics) -> Self {
+        self.edit(|s| s.metrics = metrics)
+    }
+
+    pub fn config(&self) -> &IdempotencyConfig {
+        &self.shared.config
+    }
+
+    pub fn metrics(&self) -> &IdempotencyMetrics {
+        &self.shared.metrics
+    }
+
+    fn edit(self, f: impl FnOnce(&mut Shared)) -> Self {
+        let mut shared = Arc::unwrap_or_clone(self.shared);
+        f(&mut shared);
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+}
+
+fn capture_of(config: &IdempotencyConfig) -> Arc<Capture> {
+    Arc::new(Capture {
+        replay_headers: config.replay_headers.clone(),
+        max_stored_body: config.max_stored_body,
+        policy: config.outcome_policy.clone(),
+        retention: config.retention,
+    })
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("store", &self.shared.store.backend())
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The inner service wrapped by [`IdempotencyLayer`].
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService").finish_non_exhaustive()
+    }
+}
+
+impl<S, B> Service<Request<Body>> for IdempotencyService<S>
+where
+    S: Service<Request<Body>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // The ready service goes into the future; a fresh clone stays for the next call.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        ResponseFuture {
+            inner: Box::pin(async move { Ok(crate::claim::serve(shared, inner, request).await) }),
+        }
+    }
+}
+
+/// Response future of [`IdempotencyService`]. Dropping it (the client went away) does
+/// not stop an execution that already claimed its key: that runs in its own task.
+///
+/// It never resolves to an error: failures of the inner service after the request was
+/// accepted become problem responses.
+pub struct ResponseFuture<E> {
+    inner: BoxFuture<'static, Result<Response, E>>,
+}
+
+impl<E> Future for ResponseFuture<E> {
+    type Output = Result<Response, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<E> fmt::Debug for ResponseFuture<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
