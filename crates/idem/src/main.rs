@@ -12,6 +12,7 @@ use idem_core::{IdempotencyKey, StoreError, TenantId};
 mod bench;
 mod drill;
 mod keys;
+mod lock;
 mod open;
 
 #[derive(Parser)]
@@ -44,10 +45,69 @@ enum Command {
     },
     /// Apply the store's schema migrations (also done on open).
     Migrate,
+    /// Leases with fencing tokens: acquire, renew, release, show, force-release.
+    Lock {
+        #[command(subcommand)]
+        command: LockCommand,
+    },
     /// Benchmarks that print ratios against a baseline measured in the same run.
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum LockCommand {
+    /// Acquire NAME for OWNER; non-zero exit when not acquired.
+    Acquire {
+        name: String,
+        #[arg(long)]
+        owner: String,
+        /// Lease length: 500ms, 3s, 2m …
+        #[arg(long, value_parser = lock::parse_duration)]
+        ttl: Duration,
+        /// Wait up to this long for the holder to go away.
+        #[arg(long, value_parser = lock::parse_duration, default_value = "0s")]
+        wait: Duration,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Renew a lease you hold (owner and token must match).
+    Renew {
+        name: String,
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        token: i64,
+        #[arg(long, value_parser = lock::parse_duration)]
+        ttl: Duration,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release a lease you hold; non-zero exit when you are not the holder.
+    Release {
+        name: String,
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        token: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Holder, token, times, renewals and recent events.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Admin: release whoever holds NAME; the reason is recorded.
+    ForceRelease {
+        name: String,
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -139,6 +199,69 @@ async fn run(command: Command, url: &str) -> Result<ExitCode, StoreError> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Lock { command } => {
+            let store = open::open_lease_store(url).await?;
+            let store = store.as_ref();
+            let invalid = |e: idem_core::KeyError| StoreError::InvalidInput(e.to_string());
+            let lease_err = |e: idem_core::LeaseError| StoreError::Backend(e.to_string());
+            let (outcome, json) = match command {
+                LockCommand::Acquire {
+                    name,
+                    owner,
+                    ttl,
+                    wait,
+                    json,
+                } => {
+                    let name = idem_core::LeaseName::new(name).map_err(invalid)?;
+                    let owner = idem_core::OwnerId::new(owner).map_err(invalid)?;
+                    (lock::acquire(store, &name, &owner, ttl, wait).await, json)
+                }
+                LockCommand::Renew {
+                    name,
+                    owner,
+                    token,
+                    ttl,
+                    json,
+                } => {
+                    let name = idem_core::LeaseName::new(name).map_err(invalid)?;
+                    let owner = idem_core::OwnerId::new(owner).map_err(invalid)?;
+                    let token = idem_core::FencingToken::new(token);
+                    (lock::renew(store, &name, &owner, token, ttl).await, json)
+                }
+                LockCommand::Release {
+                    name,
+                    owner,
+                    token,
+                    json,
+                } => {
+                    let name = idem_core::LeaseName::new(name).map_err(invalid)?;
+                    let owner = idem_core::OwnerId::new(owner).map_err(invalid)?;
+                    let token = idem_core::FencingToken::new(token);
+                    (lock::release(store, &name, &owner, token).await, json)
+                }
+                LockCommand::Show { name, json } => {
+                    let name = idem_core::LeaseName::new(name).map_err(invalid)?;
+                    (lock::show(store, &name).await, json)
+                }
+                LockCommand::ForceRelease { name, reason, json } => {
+                    let name = idem_core::LeaseName::new(name).map_err(invalid)?;
+                    (lock::force_release(store, &name, &reason).await, json)
+                }
+            };
+            let outcome = outcome.map_err(lease_err)?;
+            if json {
+                print_json(&outcome.json);
+            } else if outcome.ok {
+                println!("{}", outcome.text);
+            } else {
+                eprintln!("{}", outcome.text);
+            }
+            Ok(if outcome.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Migrate => {
             open::open_store(url).await?;

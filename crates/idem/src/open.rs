@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idem_core::{IdempotencyStore, StoreError};
+use idem_core::{IdempotencyStore, LeaseStore, StoreError};
 use idem_postgres::{PgOptions, PgStore};
 use idem_redis::{RedisOptions, RedisStore};
 use idem_sqlite::{SqliteOptions, SqliteStore};
@@ -50,6 +50,19 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
         Backend::Redis => Ok(Arc::new(
             RedisStore::connect(url, RedisOptions::default()).await?,
         )),
+    }
+}
+
+/// Opens the lease store a URL names.
+pub async fn open_lease_store(url: &str) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    match backend_of(url)? {
+        Backend::Sqlite => Ok(Arc::new(
+            SqliteStore::open(SqliteOptions::from_url(url)?).await?,
+        )),
+        Backend::Postgres | Backend::Redis => Err(StoreError::InvalidInput(format!(
+            "leases on {} are not available in this build",
+            redact(url)
+        ))),
     }
 }
 

@@ -136,7 +136,7 @@ fn drill_on_postgres_in_its_own_schema() {
     });
     let sep = if base.contains('?') { '&' } else { '?' };
     let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
-    let outcome = std::panic::catch_unwind(|| {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let report = check_drill_passes(&url);
         assert_eq!(report["backend"], "postgres");
         // The guard check reads the live catalog.
@@ -149,7 +149,7 @@ fn drill_on_postgres_in_its_own_schema() {
         let out = idem(&url, &["drill", "--duplicates", "8", "--json"]);
         assert!(!out.status.success());
         assert_eq!(json(&out)["unique_guard"], false);
-    });
+    }));
     rt.block_on(async {
         sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
             .execute(&pool)
@@ -183,4 +183,118 @@ fn drill_on_redis() {
     let mut conn = client.get_connection().unwrap();
     let removed: i64 = redis::cmd("DEL").arg(&key).query(&mut conn).unwrap();
     assert_eq!(removed, 1, "drill record {key} not found");
+}
+
+#[test]
+fn lock_commands_report_holders_and_refuse_non_holders() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let out = idem(
+        &url,
+        &[
+            "lock",
+            "acquire",
+            "inventory:S-204",
+            "--owner",
+            "A",
+            "--ttl",
+            "30s",
+            "--json",
+        ],
+    );
+    assert!(out.status.success());
+    let a = json(&out);
+    assert_eq!(a["owner"], "A");
+    let token_a = a["token"].as_i64().unwrap();
+
+    // B cannot take it, nor release A's lease.
+    let out = idem(
+        &url,
+        &[
+            "lock",
+            "acquire",
+            "inventory:S-204",
+            "--owner",
+            "B",
+            "--ttl",
+            "30s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let out = idem(
+        &url,
+        &[
+            "lock",
+            "release",
+            "inventory:S-204",
+            "--owner",
+            "B",
+            "--token",
+            &token_a.to_string(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not the holder"));
+    let shown = json(&idem(&url, &["lock", "show", "inventory:S-204", "--json"]));
+    assert_eq!(shown["holder"]["owner"], "A");
+
+    let out = idem(
+        &url,
+        &[
+            "lock",
+            "release",
+            "inventory:S-204",
+            "--owner",
+            "A",
+            "--token",
+            &token_a.to_string(),
+        ],
+    );
+    assert!(out.status.success());
+    let out = idem(
+        &url,
+        &[
+            "lock",
+            "acquire",
+            "inventory:S-204",
+            "--owner",
+            "B",
+            "--ttl",
+            "30s",
+            "--json",
+        ],
+    );
+    assert!(out.status.success());
+    assert!(json(&out)["token"].as_i64().unwrap() > token_a);
+    let out = idem(
+        &url,
+        &[
+            "lock",
+            "force-release",
+            "inventory:S-204",
+            "--reason",
+            "runbook",
+            "--json",
+        ],
+    );
+    assert!(out.status.success());
+    let shown = json(&idem(&url, &["lock", "show", "inventory:S-204", "--json"]));
+    assert!(shown["holder"].is_null());
+    let kinds: Vec<String> = shown["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        kinds.contains(&"ReleaseOwnerMismatch".to_string()),
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&"ForceReleased".to_string()), "{kinds:?}");
+
+    let out = idem(
+        &url,
+        &["lock", "acquire", "x", "--owner", "A", "--ttl", "3q"],
+    );
+    assert_eq!(out.status.code(), Some(2));
 }
