@@ -9,6 +9,7 @@ pub mod key;
 pub mod lease;
 pub mod policy;
 pub mod record;
+pub mod retention;
 pub mod store;
 
 pub use fingerprint::{Fingerprint, Fingerprinter, RequestParts};
@@ -19,6 +20,11 @@ pub use lease::{
 };
 pub use policy::{Outcome, OutcomePolicy};
 pub use record::{Millis, Record, RecordState, StoredResult};
+pub use retention::{
+    ArchiveExpiry, ArchiveLookup, ArchivedRecord, CompensationCheck, Demotion, DueRecord,
+    NoCompensation, PolicyError, ReplaySources, RetentionPolicy, RetentionStore, ScanCursor,
+    StaleRecord, Tier, TierUsage,
+};
 pub use store::{
     decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, ErrorKind, Finish,
     IdempotencyStore, StoreError, StoreLimits,

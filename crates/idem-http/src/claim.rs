@@ -18,7 +18,7 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::Request;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{Claim, ClaimRequest, Fingerprint, RequestParts, Scope};
+use idem_core::{Claim, ClaimKind, ClaimRequest, Fingerprint, RequestParts, Scope};
 use tokio::time::Instant;
 use tower::Service;
 
@@ -112,10 +112,20 @@ where
         match shared.store.claim(&claim_request).await {
             Ok(Claim::Proceed(token)) => {
                 drop(waiting);
+                if let (ClaimKind::Fresh, Some(archive)) = (&token.kind, &shared.archive) {
+                    if let Some(answer) =
+                        crate::retention::check_archive(&shared, archive, &token).await
+                    {
+                        return answer;
+                    }
+                }
                 return crate::execute::execute(shared.clone(), inner, parts, body, token).await;
             }
             Ok(Claim::Replay(record)) => {
                 metrics.decision(Decision::Replayed);
+                if crate::retention::is_dropped(&record) {
+                    return crate::retention::replay_dropped(&shared, &record).await;
+                }
                 return shared.capture.replay(&record).unwrap_or_else(|| {
                     Problem::new(
                         ProblemKind::ResultNotStored,

@@ -15,6 +15,10 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// `Sun, 06 Nov 1994 08:49:37 GMT`), counted from the record's completion plus the
 /// configured retention. Sent on every terminal response, first execution and replays.
 pub const IDEMPOTENCY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-expires");
+/// `Idempotent-Reconstructed: true` on a replay whose stored response was dropped by the
+/// retention sweeper and rebuilt from the result reference by the application.
+pub const IDEMPOTENT_RECONSTRUCTED: HeaderName =
+    HeaderName::from_static("idempotent-reconstructed");
 /// On a replayed response whose body was larger than the capture limit: the first
 /// response was delivered in full, the replay has the status and headers only.
 pub const IDEMPOTENT_BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-body-omitted");

@@ -17,7 +17,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use http::Request;
-use idem_core::{IdempotencyStore, OwnerId};
+use idem_core::{ArchiveLookup, IdempotencyStore, OwnerId};
 use tower::{Layer, Service};
 
 use crate::auth::Authenticate;
@@ -25,6 +25,7 @@ use crate::completion::CompletionSignals;
 use crate::config::IdempotencyConfig;
 use crate::metrics::IdempotencyMetrics;
 use crate::replay::Capture;
+use crate::retention::ReconstructResponse;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -44,6 +45,10 @@ pub(crate) struct Shared {
     pub metrics: IdempotencyMetrics,
     pub signals: Arc<CompletionSignals>,
     pub owners: Arc<OwnerIds>,
+    /// Rebuilds responses the retention sweeper dropped.
+    pub reconstruct: Option<Arc<dyn ReconstructResponse>>,
+    /// Checked on fresh claims: archived keys answer 410 instead of executing.
+    pub archive: Option<Arc<dyn ArchiveLookup>>,
 }
 
 /// Owner ids for claims: one prefix per layer instance, a sequence number per claim, so
@@ -86,6 +91,8 @@ impl IdempotencyLayer {
                 metrics: IdempotencyMetrics::default(),
                 signals: Arc::default(),
                 owners: Arc::new(OwnerIds::new()),
+                reconstruct: None,
+                archive: None,
             }),
         }
     }
@@ -100,6 +107,19 @@ impl IdempotencyLayer {
     /// Counts into `metrics` (register it in the app's registry once).
     pub fn with_metrics(self, metrics: IdempotencyMetrics) -> Self {
         self.edit(|s| s.metrics = metrics)
+    }
+
+    /// Rebuilds replays whose stored response the retention sweeper dropped, from the
+    /// result reference (see [`crate::retention`]).
+    pub fn with_reconstruction(self, reconstruct: impl ReconstructResponse) -> Self {
+        let reconstruct: Arc<dyn ReconstructResponse> = Arc::new(reconstruct);
+        self.edit(|s| s.reconstruct = Some(reconstruct))
+    }
+
+    /// Checks fresh claims against the archive: a key whose record was archived answers
+    /// `410 idempotency-key-expired` and is not executed (see [`crate::retention`]).
+    pub fn with_archive(self, archive: Arc<dyn ArchiveLookup>) -> Self {
+        self.edit(|s| s.archive = Some(archive))
     }
 
     pub fn config(&self) -> &IdempotencyConfig {

@@ -45,6 +45,12 @@
 //! (HTTP-date) on terminal results; `Idempotent-Body-Omitted: true` on replays of bodies
 //! larger than the capture limit; `Retry-After` on 409 and 503.
 //!
+//! Past the short retry window (see `idem_core::retention`), replays are rebuilt from the
+//! result reference by the application's [`ReconstructResponse`]
+//! ([`IdempotencyLayer::with_reconstruction`], marked `Idempotent-Reconstructed: true`),
+//! and keys whose records were archived answer `410 idempotency-key-expired` instead of
+//! executing again ([`IdempotencyLayer::with_archive`]); see [`retention`].
+//!
 //! Modules: [`config`] (what applies where), [`auth`], [`problem`], [`headers`],
 //! [`metrics`], [`openapi`], [`transactional`] (the handler finishes the claim in its own
 //! transaction), [`mod@bench`]. The requester side is the `idem-client` crate.
@@ -61,6 +67,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod problem;
 mod replay;
+pub mod retention;
 pub mod transactional;
 
 pub use auth::{Authenticate, BearerTokens, Identity, Unauthenticated};
@@ -69,9 +76,11 @@ pub use config::{
     StoreUnavailableMode,
 };
 pub use headers::{
-    IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED,
+    IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_RECONSTRUCTED,
+    IDEMPOTENT_REPLAYED,
 };
 pub use layer::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use metrics::IdempotencyMetrics;
 pub use problem::{Problem, ProblemKind, PROBLEM_JSON, PROBLEM_TYPE_BASE};
+pub use retention::{ReconstructResponse, Reconstructed};
 pub use transactional::TransactionalClaim;

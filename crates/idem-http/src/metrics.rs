@@ -75,6 +75,8 @@ label_enum! {
         Bypassed => "bypassed",
         /// The store answered with an error that is not an outage: 500.
         StoreError => "store_error",
+        /// The key was archived: 410, handler not called.
+        KeyExpired => "key_expired",
     }
 }
 
@@ -254,6 +256,6 @@ mod tests {
         ));
         assert_eq!(m.conflicts(Conflict::InProgress), 0);
         assert_eq!(m.requests(Decision::Executed), 1);
-        assert_eq!(Decision::ALL.len(), 12);
+        assert_eq!(Decision::ALL.len(), 13);
     }
 }

@@ -13,7 +13,7 @@ use crate::config::{IdempotencyConfig, KeyRequirement};
 use crate::problem::{ProblemKind, PROBLEM_JSON};
 
 /// Names under `#/components/responses` and the statuses they describe.
-const RESPONSES: [(&str, u16, &[ProblemKind]); 7] = [
+const RESPONSES: [(&str, u16, &[ProblemKind]); 8] = [
     (
         "IdempotencyBadRequest",
         400,
@@ -39,6 +39,7 @@ const RESPONSES: [(&str, u16, &[ProblemKind]); 7] = [
         &[ProblemKind::RequestTooLarge],
     ),
     ("IdempotencyKeyReused", 422, &[ProblemKind::KeyReused]),
+    ("IdempotencyKeyExpired", 410, &[ProblemKind::KeyExpired]),
     (
         "IdempotencyStoreUnavailable",
         503,

@@ -47,10 +47,13 @@ pub enum ProblemKind {
     /// 504: the handler did not finish within the execution timeout; the key is open for
     /// a retry.
     ExecutionTimeout,
+    /// 410: the key's record passed every retention window and was archived; the request
+    /// is not executed again. Look the original result up by its reference.
+    KeyExpired,
 }
 
 impl ProblemKind {
-    pub const ALL: [ProblemKind; 12] = [
+    pub const ALL: [ProblemKind; 13] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::UnreadableBody,
@@ -63,6 +66,7 @@ impl ProblemKind {
         ProblemKind::StoreError,
         ProblemKind::StoreUnavailable,
         ProblemKind::ExecutionTimeout,
+        ProblemKind::KeyExpired,
     ];
 
     /// The last segment of the `type` URI.
@@ -80,6 +84,7 @@ impl ProblemKind {
             ProblemKind::StoreError => "idempotency-store-error",
             ProblemKind::StoreUnavailable => "idempotency-store-unavailable",
             ProblemKind::ExecutionTimeout => "execution-timeout",
+            ProblemKind::KeyExpired => "idempotency-key-expired",
         }
     }
 
@@ -101,6 +106,7 @@ impl ProblemKind {
             | ProblemKind::StoreError => StatusCode::INTERNAL_SERVER_ERROR,
             ProblemKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ProblemKind::ExecutionTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ProblemKind::KeyExpired => StatusCode::GONE,
         }
     }
 
@@ -118,6 +124,7 @@ impl ProblemKind {
             ProblemKind::StoreError => "Idempotency store error",
             ProblemKind::StoreUnavailable => "Idempotency store unavailable",
             ProblemKind::ExecutionTimeout => "The request timed out; retry with the same key",
+            ProblemKind::KeyExpired => "Idempotency-Key expired; the request was not executed",
         }
     }
 }

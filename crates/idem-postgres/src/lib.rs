@@ -4,9 +4,12 @@
 //! - The `idem_records` table (in a schema of its choosing), its UNIQUE guard
 //!   `idem_records_scope_uq` on `(tenant_id, key)`, and the versioned migrations recorded
 //!   in `idem_schema_migrations` ([`PgStore::migrate`]).
-//! - [`PgStore`], an [`IdempotencyStore`]: claims are decided inside the database in a
-//!   single statement (fresh / in progress / replay / mismatch / takeover), finish and
-//!   heartbeat are compare-and-sets on `(version, owner, state = PROCESSING)`.
+//! - [`PgStore`], an [`IdempotencyStore`]: a claim is one statement that inserts a fresh
+//!   PROCESSING record or returns the existing one (one round trip for fresh, replay, in
+//!   progress and mismatch); [`idem_core::decide`] reads the existing record, and a
+//!   takeover (FAILED_RETRYABLE, or PROCESSING past its lease) is a compare-and-set on
+//!   the version it read. Finish and heartbeat are compare-and-sets on
+//!   `(version, owner, state = PROCESSING)`.
 //! - The transactional form ([`PgStore::claim_in_tx`], [`PgStore::finish_in_tx`]) for a
 //!   service whose business rows live in the same database: the record commits or rolls
 //!   back together with the business write (BRIEF §3, §10).
@@ -14,15 +17,18 @@
 //! # What it must not do
 //! - Read time from the caller: every deadline comes from the database clock
 //!   (`clock_timestamp()`), shifted only by [`ClockShift`] in tests.
-//! - Decide in Rust on a value it read earlier and then write: every transition is a
-//!   single statement guarded by the version it read (no read-then-write windows).
+//! - Write on the strength of a value it read earlier without re-checking it: every
+//!   transition is a single statement guarded by the version it read (a lost
+//!   compare-and-set changes nothing and the claim reads again).
 //! - Answer "proceed" without a record written, or when it cannot tell: errors are
 //!   returned (`Unavailable` for connection trouble, `Backend` otherwise), never guessed.
 //! - Delete or sweep records (retention is a separate job), partition the table, or
 //!   touch tables other than its own.
 
 mod error;
+mod lease;
 mod migrate;
+mod retention;
 mod row;
 mod sql;
 
@@ -35,12 +41,13 @@ use async_trait::async_trait;
 use idem_core::store::check_lease;
 use idem_core::{
     decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
-    IdempotencyStore, Millis, OwnerId, Record, Scope, StoreError, StoreLimits,
+    IdempotencyStore, Millis, Record, Scope, StoreError, StoreLimits,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
 pub use error::is_unavailable;
+pub use lease::*;
 
 /// How many times one claim re-runs its deciding statement after an empty answer (the
 /// READ COMMITTED pitfall) or a lost takeover compare-and-set. Each re-run sees a newer
@@ -61,9 +68,12 @@ pub struct PgOptions {
     pub acquire_timeout: Duration,
     /// `application_name` of the store's sessions (visible in `pg_stat_activity`).
     pub application_name: String,
-    /// Try a plain `INSERT … ON CONFLICT DO NOTHING` before the deciding statement, so a
-    /// fresh key costs one plain statement (BRIEF §10). Off: every claim runs the single
-    /// deciding statement (one round trip for every outcome).
+    /// How a claim reaches the database. Off (the default): one statement inserts a
+    /// fresh record or returns the existing one, so fresh keys, replays, in-progress and
+    /// mismatch answers all cost one round trip. On: a plain `INSERT … ON CONFLICT DO
+    /// NOTHING` first, and a separate read only when the key exists (fresh keys one
+    /// plain statement, existing keys two round trips). Takeovers are a separate
+    /// compare-and-set either way.
     pub fresh_fast_path: bool,
 }
 
@@ -76,7 +86,7 @@ impl Default for PgOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(5),
             application_name: "idem".to_string(),
-            fresh_fast_path: true,
+            fresh_fast_path: false,
         }
     }
 }
@@ -231,38 +241,51 @@ impl PgStore {
     ) -> Result<Claim, StoreError> {
         self.limits.check_claim(req)?;
         let lease_ms = lease_millis(req.lease);
-        if self.fresh_fast_path {
-            let row = sqlx::query(&self.sql.claim_fresh)
-                .bind(req.scope.tenant.as_str())
-                .bind(req.scope.key.as_str())
-                .bind(req.principal.as_str())
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(req.owner.as_str())
-                .bind(lease_ms)
-                .bind(self.clock.millis())
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(|e| error::map_err("claim", e))?;
-            if let Some(row) = row {
-                let version: i64 = row.try_get("version").map_err(decode)?;
-                let lease: i64 = row.try_get("lease_expires_at").map_err(decode)?;
-                let attempt: i32 = row.try_get("attempts").map_err(decode)?;
-                return Ok(Claim::Proceed(token(
-                    req,
-                    version,
-                    lease,
-                    attempt,
-                    ClaimKind::Fresh,
-                )));
-            }
-        }
         for run in 0..MAX_CLAIM_RERUNS {
             if run > 0 {
                 self.reruns.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(scope = %req.scope, run, "claim statement re-run");
             }
-            if let Some(claim) = self.decide_once(conn, req, lease_ms).await? {
-                return Ok(claim);
+            let answer = if self.fresh_fast_path {
+                self.insert_then_read(conn, req, lease_ms).await?
+            } else {
+                self.read_or_insert(conn, req, lease_ms).await?
+            };
+            let (rec, now) = match answer {
+                // Empty answer (the READ COMMITTED pitfall, or the record vanished
+                // between two statements): run again with a new snapshot.
+                None => continue,
+                Some(row::ClaimRow::Fresh(version, lease, attempt)) => {
+                    return Ok(Claim::Proceed(token(
+                        req,
+                        version,
+                        lease,
+                        attempt,
+                        ClaimKind::Fresh,
+                    )));
+                }
+                Some(row::ClaimRow::Existing(rec, now)) => (rec, now),
+            };
+            match decide(&rec, req, now) {
+                Decision::Mismatch => return Ok(Claim::Mismatch { state: rec.state }),
+                Decision::Replay => return Ok(Claim::Replay(rec)),
+                Decision::InProgress => {
+                    return Ok(Claim::InProgress {
+                        owner: rec.owner,
+                        lease_expires_at: rec.lease_expires_at.unwrap_or(now),
+                        now,
+                    })
+                }
+                Decision::TakeOver(kind) => {
+                    if let Some(tok) = self
+                        .take_over(conn, req, lease_ms, rec.version, kind)
+                        .await?
+                    {
+                        return Ok(Claim::Proceed(tok));
+                    }
+                    // Lost the compare-and-set: another caller moved the record
+                    // first. Re-read in a new statement.
+                }
             }
         }
         // Never guess: without a decided row there is no claim.
@@ -272,14 +295,15 @@ impl PgStore {
         )))
     }
 
-    async fn decide_once(
+    /// One statement: returns the existing record or inserts a fresh one. `None` is the
+    /// READ COMMITTED empty answer (see `sql::Statements::claim`).
+    async fn read_or_insert(
         &self,
         conn: &mut PgConnection,
         req: &ClaimRequest,
         lease_ms: i64,
-    ) -> Result<Option<Claim>, StoreError> {
-        // `None`: empty answer or lost takeover CAS; the caller runs the statement again.
-        let rows = sqlx::query(&self.sql.claim_decide)
+    ) -> Result<Option<row::ClaimRow>, StoreError> {
+        let row = sqlx::query(&self.sql.claim)
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
             .bind(req.principal.as_str())
@@ -287,67 +311,81 @@ impl PgStore {
             .bind(req.owner.as_str())
             .bind(lease_ms)
             .bind(self.clock.millis())
-            .fetch_all(&mut *conn)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(|e| error::map_err("claim", e))?;
-        // Our own insert or takeover wins over a snapshot read of the same key (a row
-        // deleted concurrently can show up as 'existing' beside our 'fresh').
-        let mut existing = None;
-        for row in &rows {
-            let outcome: String = row.try_get("outcome").map_err(decode)?;
-            match outcome.as_str() {
-                "fresh" | "takeover" => {
-                    let rec = row::record(row)?;
-                    let kind = if outcome == "fresh" {
-                        ClaimKind::Fresh
-                    } else {
-                        let prev: Option<String> = row.try_get("prev_state").map_err(decode)?;
-                        let prev_owner: Option<String> =
-                            row.try_get("prev_owner").map_err(decode)?;
-                        match prev.as_deref() {
-                            Some("FAILED_RETRYABLE") => ClaimKind::RetryAfterFailure,
-                            _ => ClaimKind::ExpiredLease {
-                                previous_owner: prev_owner.and_then(|o| OwnerId::new(o).ok()),
-                            },
-                        }
-                    };
-                    let lease = rec
-                        .lease_expires_at
-                        .ok_or_else(|| StoreError::Backend("claimed record has no lease".into()))?;
-                    return Ok(Some(Claim::Proceed(token(
-                        req,
-                        rec.version,
-                        lease,
-                        rec.attempts,
-                        kind,
-                    ))));
-                }
-                "existing" => {
-                    let now: i64 = row.try_get("now_ms").map_err(decode)?;
-                    existing = Some((row::record(row)?, now));
-                }
-                other => {
-                    return Err(StoreError::Backend(format!(
-                        "unexpected claim outcome {other:?}"
-                    )))
-                }
-            }
+        row.map(|row| row::claim_row(&row, &req.scope.tenant, &req.scope.key))
+            .transpose()
+    }
+
+    /// Two statements when the key exists: a plain insert, then a read in a new
+    /// snapshot (which sees the committed conflicting row: the insert waited for it).
+    async fn insert_then_read(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+        lease_ms: i64,
+    ) -> Result<Option<row::ClaimRow>, StoreError> {
+        let row = sqlx::query(&self.sql.claim_fresh)
+            .bind(req.scope.tenant.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(req.principal.as_str())
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.owner.as_str())
+            .bind(lease_ms)
+            .bind(self.clock.millis())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("claim", e))?;
+        if let Some(row) = row {
+            return Ok(Some(row::ClaimRow::Fresh(
+                row.try_get(0).map_err(decode)?,
+                row.try_get(1).map_err(decode)?,
+                row.try_get(2).map_err(decode)?,
+            )));
         }
-        let Some((rec, now)) = existing else {
+        let row = sqlx::query(&self.sql.claim_read)
+            .bind(req.scope.tenant.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(self.clock.millis())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("claim", e))?;
+        row.map(|row| row::claim_row(&row, &req.scope.tenant, &req.scope.key))
+            .transpose()
+    }
+
+    /// Takeover compare-and-set on the version `decide` looked at. `None`: lost.
+    async fn take_over(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+        lease_ms: i64,
+        seen_version: i64,
+        kind: ClaimKind,
+    ) -> Result<Option<ClaimToken>, StoreError> {
+        let row = sqlx::query(&self.sql.take_over)
+            .bind(req.scope.tenant.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(req.principal.as_str())
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.owner.as_str())
+            .bind(lease_ms)
+            .bind(self.clock.millis())
+            .bind(seen_version)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("claim", e))?;
+        let Some(row) = row else {
             return Ok(None);
         };
-        Ok(match decide(&rec, req, now) {
-            Decision::Mismatch => Some(Claim::Mismatch { state: rec.state }),
-            Decision::Replay => Some(Claim::Replay(rec)),
-            Decision::InProgress => Some(Claim::InProgress {
-                owner: rec.owner,
-                lease_expires_at: rec.lease_expires_at.unwrap_or(now),
-                now,
-            }),
-            // The statement saw a takeable record but its CAS matched nothing: another
-            // caller moved it first. Re-read in a new statement.
-            Decision::TakeOver(_) => None,
-        })
+        let version: i64 = row.try_get(0).map_err(decode)?;
+        let lease: Option<i64> = row.try_get(1).map_err(decode)?;
+        let attempt: i32 = row.try_get(2).map_err(decode)?;
+        let lease =
+            lease.ok_or_else(|| StoreError::Backend("claimed record has no lease".into()))?;
+        tracing::debug!(scope = %req.scope, owner = %req.owner, version, ?kind, "takeover");
+        Ok(Some(token(req, version, lease, attempt, kind)))
     }
 
     async fn finish_on(
@@ -358,7 +396,8 @@ impl PgStore {
     ) -> Result<Record, StoreError> {
         self.limits.check_finish(&finish)?;
         let result = finish.result.as_ref();
-        let rows = sqlx::query(&self.sql.finish)
+        let headers = result.map(|r| row::headers_json(&r.headers));
+        let row = sqlx::query(&self.sql.finish)
             .bind(token.scope.tenant.as_str())
             .bind(token.scope.key.as_str())
             .bind(token.version)
@@ -366,29 +405,33 @@ impl PgStore {
             .bind(self.clock.millis())
             .bind(finish.state.as_str())
             .bind(result.map(|r| i32::from(r.status)))
-            .bind(result.map(|r| row::headers_json(&r.headers)))
+            .bind(headers.as_deref())
             .bind(result.map(|r| r.body.as_slice()))
             .bind(result.and_then(|r| r.result_ref.as_deref()))
             .bind(finish.state.is_terminal())
-            .fetch_all(&mut *conn)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(|e| error::map_err("finish", e))?;
-        let Some(row) = rows.first() else {
-            return Err(StoreError::superseded(token));
-        };
-        let applied: bool = row.try_get("applied").map_err(decode)?;
-        let rec = row::record(row)?;
-        if applied {
-            return Ok(rec);
+        if let Some(row) = row {
+            return row::finished(&row, token, finish.state, finish.result);
         }
-        // A retry of a finish whose response was lost: this very token already moved the
-        // record to exactly this outcome. Answer as the first time (f(f(x)) = f(x)).
-        if rec.version == token.version + 1
-            && rec.owner.as_ref() == Some(&token.owner)
-            && rec.state == finish.state
-            && rec.result == finish.result
-        {
-            return Ok(rec);
+        // Nothing matched. A retry of a finish whose response was lost: this very token
+        // already moved the record to exactly this outcome. Answer as the first time
+        // (f(f(x)) = f(x)); anything else is stale.
+        let current = sqlx::query(&self.sql.get)
+            .bind(token.scope.tenant.as_str())
+            .bind(token.scope.key.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("finish", e))?;
+        if let Some(rec) = current.as_ref().map(row::record).transpose()? {
+            if rec.version == token.version + 1
+                && rec.owner.as_ref() == Some(&token.owner)
+                && rec.state == finish.state
+                && rec.result == finish.result
+            {
+                return Ok(rec);
+            }
         }
         Err(StoreError::superseded(token))
     }

@@ -20,13 +20,14 @@ pub(crate) struct Migration {
 }
 
 /// Every migration, oldest first.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "idem_records",
-    // Times are epoch milliseconds read from the database clock (never the caller's).
-    // Not partitioned: the UNIQUE guard must cover the whole (tenant_id, key) space, and
-    // a partitioned table could only enforce it per partition.
-    sql: r#"
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "idem_records",
+        // Times are epoch milliseconds read from the database clock (never the caller's).
+        // Not partitioned: the UNIQUE guard must cover the whole (tenant_id, key) space, and
+        // a partitioned table could only enforce it per partition.
+        sql: r#"
 CREATE TABLE idem_records (
     tenant_id        text    NOT NULL,
     key              text    NOT NULL,
@@ -56,7 +57,20 @@ CREATE INDEX idem_records_processing_lease_idx ON idem_records (lease_expires_at
 CREATE INDEX idem_records_completed_idx ON idem_records (completed_at)
     WHERE completed_at IS NOT NULL;
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "idem_leases",
+        // The tables of `lease.rs`, next to the statements that use them.
+        sql: crate::lease::MIGRATION_SQL,
+    },
+    Migration {
+        version: 3,
+        name: "idem_retention",
+        // Retention tiers, the partitioned archive: next to the statements in `retention.rs`.
+        sql: crate::retention::MIGRATION_SQL,
+    },
+];
 
 /// Constant first half of the advisory lock key, so idem's lock does not collide with
 /// other users of two-key advisory locks by accident.

@@ -35,12 +35,20 @@ fn cols(alias: &str) -> String {
 }
 
 pub(crate) struct Statements {
-    /// `tenant_id`, `key`, `principal`, `fingerprint`, `owner`, lease ms, shift ms.
+    /// Plain fresh-key insert. `tenant_id`, `key`, `principal`, `fingerprint`, `owner`,
+    /// lease ms, shift ms. Returns `version, lease_expires_at, attempts` or nothing.
     pub claim_fresh: String,
-    /// Same parameters as `claim_fresh`.
-    pub claim_decide: String,
+    /// Read-or-insert in one statement. Same parameters as `claim_fresh`; returns the
+    /// columns of [`CLAIM_COLS`] (a fresh row, the existing record, or nothing).
+    pub claim: String,
+    /// The existing record for a claim's decision. `tenant_id`, `key`, shift ms; returns
+    /// the existing-record columns of [`CLAIM_COLS`].
+    pub claim_read: String,
+    /// Takeover compare-and-set. The `claim_fresh` parameters, then the version read.
+    /// Returns `version, lease_expires_at, attempts` or nothing (lost the race).
+    pub take_over: String,
     /// `tenant_id`, `key`, version, owner, shift, state, status, headers, body, ref,
-    /// terminal.
+    /// terminal. Returns the columns `finish` does not know: [`FINISH_COLS`].
     pub finish: String,
     /// `tenant_id`, `key`, version, owner, shift, lease ms.
     pub extend: String,
@@ -51,6 +59,24 @@ pub(crate) struct Statements {
     pub table: String,
 }
 
+/// Columns of a claim answer, in order (`crate::row::claim_row` reads them by index):
+/// `fresh`, `version`, `lease_expires_at`, `attempts`, then for an existing record
+/// `now_ms`, `principal`, `fingerprint`, `state`, `owner`, `result_status`,
+/// `result_headers`, `result_body`, `result_ref`, `created_at`, `updated_at`,
+/// `completed_at` (all NULL on a fresh row, which needs none of them).
+pub(crate) const CLAIM_COLS: usize = 16;
+
+/// Existing-record part of a claim answer (after `fresh`): the record read as `r`,
+/// and the store clock as `c.now_ms`.
+const EXISTING_COLS: &str = "r.version, r.lease_expires_at, r.attempts, c.now_ms, \
+    r.principal, r.fingerprint, r.state, r.owner, r.result_status, \
+    r.result_headers::text AS result_headers, r.result_body, r.result_ref, r.created_at, \
+    r.updated_at, r.completed_at";
+
+/// Columns `finish` returns, in order: `principal`, `fingerprint`, `attempts`,
+/// `created_at`, `updated_at`, `completed_at`, `version`.
+pub(crate) const FINISH_COLS: usize = 7;
+
 impl Statements {
     pub fn new(schema: Option<&str>) -> Self {
         let t = match schema {
@@ -60,10 +86,10 @@ impl Statements {
         let insert_cols = "tenant_id, key, principal, fingerprint, state, version, owner, \
                            lease_expires_at, attempts, created_at, updated_at";
 
-        // Fast path (BRIEF §10): one plain statement for a fresh key. DO NOTHING takes no
-        // row lock and writes nothing when the key exists; the caller then decides with
-        // `claim_decide`. If the conflicting row is still uncommitted this waits for it,
-        // so an empty answer means the row is committed and visible to the next statement.
+        // One plain statement for a fresh key (BRIEF §10). DO NOTHING takes no row lock
+        // and writes nothing when the key exists. If the conflicting row is still
+        // uncommitted this waits for it, so an empty answer means the row is committed
+        // and visible to the next statement (`claim_read`).
         let claim_fresh = format!(
             "INSERT INTO {t} ({insert_cols})
              SELECT $1, $2, $3, $4, 'PROCESSING', 1, $5, c.now_ms + $6, 1, c.now_ms, c.now_ms
@@ -72,86 +98,86 @@ impl Statements {
              RETURNING version, lease_expires_at, attempts"
         );
 
-        // One statement that decides every case atomically:
-        //   ins: absent key -> insert PROCESSING (fresh);
-        //   cur: the existing record as of the statement snapshot;
-        //   tk:  takeover of FAILED_RETRYABLE / expired PROCESSING (the previous attempt's
-        //        result stays as evidence until this attempt finishes), a compare-and-set on
-        //        the version read in `cur`. Under READ COMMITTED a concurrent update makes
-        //        PostgreSQL re-check `r.version = cur.version` against the newest row
-        //        version, so of many takers exactly one matches; the others update nothing.
-        //   final SELECT: 'fresh' | 'takeover' | 'existing' (Rust applies `decide` to it:
-        //        replay, in progress or mismatch; a takeable 'existing' means a lost CAS).
-        // Mismatch (fingerprint or principal differ) never matches `tk`: nothing changes.
-        // BRIEF §11 pitfall: when `ins` conflicts with a row committed *during* this
-        // statement, `cur` (older snapshot) does not see it and no row comes back; the
-        // caller re-runs the statement, which then sees the row.
-        let claim_decide = format!(
-            "WITH clock AS MATERIALIZED (SELECT {CLOCK} + $7 AS now_ms),
-             ins AS (
-                 INSERT INTO {t} ({insert_cols})
-                 SELECT $1, $2, $3, $4, 'PROCESSING', 1, $5, clock.now_ms + $6, 1,
-                        clock.now_ms, clock.now_ms
-                 FROM clock
-                 ON CONFLICT (tenant_id, key) DO NOTHING
-                 RETURNING *
-             ),
-             cur AS MATERIALIZED (
-                 SELECT r.*, clock.now_ms FROM {t} r CROSS JOIN clock
+        // The default claim: one round trip whatever the key's state. `cur` reads the
+        // existing record with the store clock; only when there is none does `ins`
+        // insert a fresh PROCESSING record. Rust applies `decide` to an existing record
+        // (replay, in progress, mismatch; a takeover is a separate compare-and-set,
+        // `take_over`). Reading first keeps the common existing-key answers cheap: the
+        // insert (and the table's CHECK constraints, which PostgreSQL evaluates before
+        // looking for a conflict) never runs for a key that is already there.
+        // BRIEF §11 pitfall: when the key is absent from this statement's snapshot but a
+        // concurrent transaction inserts it and commits while `ins` waits on the unique
+        // index, `ins` conflicts and `cur` (the older snapshot) has nothing: no row comes
+        // back. The caller re-runs the statement, whose new snapshot sees the record.
+        let claim = format!(
+            "WITH cur AS MATERIALIZED (
+                 SELECT {EXISTING_COLS}
+                 FROM {t} r CROSS JOIN (SELECT {CLOCK} + $7 AS now_ms) c
                  WHERE r.tenant_id = $1 AND r.key = $2
              ),
-             tk AS (
-                 UPDATE {t} r
-                 SET state = 'PROCESSING', version = r.version + 1, owner = $5,
-                     lease_expires_at = cur.now_ms + $6, attempts = r.attempts + 1,
-                     updated_at = cur.now_ms
-                 FROM cur
-                 WHERE r.tenant_id = $1 AND r.key = $2 AND r.version = cur.version
-                   AND cur.principal = $3 AND cur.fingerprint = $4
-                   AND (cur.state = 'FAILED_RETRYABLE'
-                        OR (cur.state = 'PROCESSING'
-                            AND (cur.lease_expires_at IS NULL
-                                 OR cur.lease_expires_at <= cur.now_ms)))
-                 RETURNING r.*, cur.state AS prev_state, cur.owner AS prev_owner,
-                           cur.now_ms AS now_ms
+             ins AS (
+                 INSERT INTO {t} ({insert_cols})
+                 SELECT $1, $2, $3, $4, 'PROCESSING', 1, $5, c.now_ms + $6, 1, c.now_ms,
+                        c.now_ms
+                 FROM (SELECT {CLOCK} + $7 AS now_ms) c
+                 WHERE NOT EXISTS (SELECT 1 FROM cur)
+                 ON CONFLICT (tenant_id, key) DO NOTHING
+                 RETURNING version, lease_expires_at, attempts
              )
-             SELECT 'fresh' AS outcome, NULL::text AS prev_state, NULL::text AS prev_owner,
-                    clock.now_ms, {ins_cols}
-             FROM ins CROSS JOIN clock
+             SELECT true, ins.version, ins.lease_expires_at, ins.attempts, NULL::bigint,
+                    NULL::text, NULL::bytea, NULL::text, NULL::text, NULL::integer,
+                    NULL::text, NULL::bytea, NULL::text, NULL::bigint, NULL::bigint,
+                    NULL::bigint
+             FROM ins
              UNION ALL
-             SELECT 'takeover', tk.prev_state, tk.prev_owner, tk.now_ms, {tk_cols}
-             FROM tk
-             UNION ALL
-             SELECT 'existing', NULL, NULL, cur.now_ms, {cur_cols}
-             FROM cur WHERE NOT EXISTS (SELECT 1 FROM tk)",
-            ins_cols = cols("ins"),
-            tk_cols = cols("tk"),
-            cur_cols = cols("cur"),
+             SELECT false, cur.* FROM cur",
+        );
+
+        // The read after `claim_fresh` found the key taken (a new statement, so a new
+        // snapshot that sees the committed conflicting row).
+        let claim_read = format!(
+            "SELECT false, {EXISTING_COLS}
+             FROM {t} r CROSS JOIN (SELECT {CLOCK} + $3 AS now_ms) c
+             WHERE r.tenant_id = $1 AND r.key = $2",
+        );
+
+        // Takeover of FAILED_RETRYABLE / expired PROCESSING: a compare-and-set on the
+        // version the claim read (the previous attempt's result stays as evidence until
+        // this attempt finishes). Under READ COMMITTED a concurrent update makes
+        // PostgreSQL re-check the WHERE clause against the newest row version, so of many
+        // takers exactly one matches; the others update nothing and re-read. The state,
+        // lease and request checks repeat `decide` in SQL, so a row that changed in any
+        // way the version did not capture is never taken.
+        let take_over = format!(
+            "UPDATE {t} r
+             SET state = 'PROCESSING', version = r.version + 1, owner = $5,
+                 lease_expires_at = c.now_ms + $6, attempts = r.attempts + 1,
+                 updated_at = c.now_ms
+             FROM (SELECT {CLOCK} + $7 AS now_ms) c
+             WHERE r.tenant_id = $1 AND r.key = $2 AND r.version = $8
+               AND r.principal = $3 AND r.fingerprint = $4
+               AND (r.state = 'FAILED_RETRYABLE'
+                    OR (r.state = 'PROCESSING'
+                        AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= c.now_ms)))
+             RETURNING r.version, r.lease_expires_at, r.attempts"
         );
 
         // Compare-and-set on (version, owner, PROCESSING). The owner stays for evidence;
         // the lease ends (a finished record holds none); completed_at is set for terminal
-        // outcomes only (retention counts from it). When nothing matched, the current record
-        // comes back too, so the caller can tell "already finished by this very token"
-        // (a retry after a lost response) from "superseded".
+        // outcomes only (retention counts from it). Only the columns the caller cannot
+        // rebuild come back (not the result it just sent). When nothing matched the
+        // caller reads the record to tell a retry of this very finish from a stale one.
         let finish = format!(
-            "WITH upd AS (
-                 UPDATE {t} r
-                 SET state = $6, version = r.version + 1, updated_at = c.now_ms,
-                     lease_expires_at = NULL,
-                     completed_at = CASE WHEN $11 THEN c.now_ms END, result_status = $7,
-                     result_headers = $8::jsonb, result_body = $9, result_ref = $10
-                 FROM (SELECT {CLOCK} + $5 AS now_ms) c
-                 WHERE r.tenant_id = $1 AND r.key = $2 AND r.version = $3
-                   AND r.owner = $4 AND r.state = 'PROCESSING'
-                 RETURNING r.*
-             )
-             SELECT true AS applied, {upd_cols} FROM upd
-             UNION ALL
-             SELECT false, {cur_cols} FROM {t} r
-             WHERE r.tenant_id = $1 AND r.key = $2 AND NOT EXISTS (SELECT 1 FROM upd)",
-            upd_cols = cols("upd"),
-            cur_cols = cols("r"),
+            "UPDATE {t} r
+             SET state = $6, version = r.version + 1, updated_at = c.now_ms,
+                 lease_expires_at = NULL,
+                 completed_at = CASE WHEN $11 THEN c.now_ms END, result_status = $7,
+                 result_headers = $8::jsonb, result_body = $9, result_ref = $10
+             FROM (SELECT {CLOCK} + $5 AS now_ms) c
+             WHERE r.tenant_id = $1 AND r.key = $2 AND r.version = $3
+               AND r.owner = $4 AND r.state = 'PROCESSING'
+             RETURNING r.principal, r.fingerprint, r.attempts, r.created_at, r.updated_at,
+                       r.completed_at, r.version"
         );
 
         // Heartbeat: same CAS, no version bump (the token stays valid).
@@ -191,7 +217,9 @@ impl Statements {
 
         Statements {
             claim_fresh,
-            claim_decide,
+            claim,
+            claim_read,
+            take_over,
             finish,
             extend,
             get,

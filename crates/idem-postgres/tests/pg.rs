@@ -48,14 +48,15 @@ async fn migrate_twice_and_concurrently() {
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
     let mut all: Vec<i64> = ra.iter().chain(rb.iter()).copied().collect();
     all.sort();
-    assert_eq!(all, vec![1], "each version applied once: {ra:?} {rb:?}");
     let mut admin = h2.admin().await;
     let versions: Vec<i64> =
         sqlx::query_scalar("SELECT version FROM idem_schema_migrations ORDER BY version")
             .fetch_all(&mut admin)
             .await
             .unwrap();
-    assert_eq!(versions, vec![1]);
+    // Every version (1 records, 2 leases, …) applied exactly once, by one of the two.
+    assert!(versions.starts_with(&[1, 2]), "{versions:?}");
+    assert_eq!(all, versions, "each version applied once: {ra:?} {rb:?}");
     assert!(a.unique_guard().await.unwrap());
     // The store works on the concurrently migrated schema.
     let t = fresh_tenant();
@@ -273,9 +274,13 @@ async fn transactional_form_lost_cas_is_superseded() {
     store.complete(&new, result("taker")).await.unwrap();
 }
 
-/// BRIEF §11, made deterministic: the deciding statement starts while the conflicting
-/// row is uncommitted; its INSERT waits, conflicts after the commit, and its snapshot
-/// read does not see the row, so the statement returns nothing. The store re-runs it.
+/// BRIEF §11, made deterministic: the one-statement claim (read the record, insert when
+/// absent) starts while the conflicting row is uncommitted. Its read does not see the row
+/// (not committed yet), its INSERT waits on the unique index, conflicts after the commit,
+/// and the read's snapshot still does not see the row: the statement returns nothing.
+/// The store re-runs it and answers from the committed record. With `fresh_fast_path`
+/// the plain INSERT waits and returns nothing, and the separate read (a new snapshot)
+/// sees the row at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn read_committed_pitfall_is_rerun() {
     let Some(h) = harness().await else { return };
@@ -316,7 +321,8 @@ async fn read_committed_pitfall_is_rerun() {
             // The plain INSERT waits and returns nothing; the next statement sees the row.
             assert_eq!(store.claim_reruns(), 0);
         } else {
-            assert!(store.claim_reruns() >= 1, "the empty answer was re-run");
+            // The empty answer happened and was re-run (not guessed, not an error).
+            assert_eq!(store.claim_reruns(), 1, "the empty answer was re-run once");
         }
     }
 }

@@ -26,7 +26,7 @@
 //!
 //! # Layout
 //!
-//! One hash per record, at
+//! One string value per record, at
 //!
 //! ```text
 //! <prefix>:r:{<enc(tenant)>:<enc(key)>}
@@ -42,9 +42,31 @@
 //!   different `(tenant, key)` pairs never share a Redis key.
 //!
 //! The prefix must not contain `{` or `}` (checked by [`RedisStore::connect`]).
-//! Hash fields: `tenant key principal fp state version owner lease attempts created
-//! updated completed r_status r_headers r_body r_ref` (times in store milliseconds;
-//! `r_body` holds the result body as raw bytes, `r_headers` a JSON array of pairs).
+//!
+//! # Record encoding
+//!
+//! A record is one binary-safe string, so a claim is `TIME` + `GET` + `SET` and a replay
+//! a single `GET` inside the script (no per-field hash commands, no JSON in Lua).
+//! Integers are big-endian, times are store milliseconds:
+//!
+//! ```text
+//! header (46 bytes)  u8 format = 1 | u8 state ('P' 'S' 'R' 'T') | i64 version |
+//!                    i64 lease deadline (meaningful in 'P') | i32 attempts |
+//!                    i64 created | i64 updated | i64 completed (meaningful in 'S' 'T')
+//! owner block        u16 length | owner (empty: none)
+//! identity block     u16 length | u16 len + principal | 32-byte fingerprint |
+//!                    u16 len + tenant | u16 len + key
+//! result (optional)  u16 status | u8 has_ref [u32 len + ref] | u32 header count |
+//!                    (u32 len + name, u32 len + value)* | u32 len + body
+//! ```
+//!
+//! The scripts read the header with `struct.unpack`, compare the owner and identity
+//! blocks byte for byte with blocks the caller encoded (both are length-prefixed, so a
+//! prefix match is an exact match) and never look inside the result, which Rust alone
+//! encodes and decodes ([`encode_record`], [`decode_record`]). A value whose format
+//! byte is not 1 is refused as corrupt; a record key holding a hash (the layout of
+//! earlier builds) answers `WRONGTYPE`, which surfaces as a backend error, so such a key
+//! fails closed until it expires rather than being treated as absent.
 //!
 //! # Atomicity, time and the decision table
 //!
@@ -59,6 +81,10 @@
 //!   changes nothing and returns [`StoreError::Superseded`]. A record that has expired
 //!   is a lost compare too.
 //!
+//! Replies are small: a replay returns the stored value as one bulk string (decoded in
+//! Rust), the other claim outcomes a short array of integers, and finish returns the
+//! new record without the result the caller just sent.
+//!
 //! Time is read inside the scripts with `TIME` — the Redis server's clock, never the
 //! caller's — plus the [`ClockShift`] passed as an argument (zero in production; tests
 //! move it to control timelines). [`StoreLimits`] and lease bounds are checked in Rust
@@ -66,7 +92,7 @@
 //!
 //! # Expiry
 //!
-//! Every write sets `PEXPIRE`: a finished record (any final state) expires `retention`
+//! Every write is a `SET … PX`: a finished record (any final state) expires `retention`
 //! after it finished; a PROCESSING record expires `retention + lease` after its last
 //! claim or heartbeat, so it never disappears while its owner may still be executing.
 //!
@@ -95,7 +121,6 @@
 //!
 //! Requires Redis 5 or newer (scripts write after reading `TIME`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,12 +128,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::store::check_lease;
 use idem_core::{
-    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Fingerprint, Finish, IdempotencyKey,
-    IdempotencyStore, Millis, OwnerId, Principal, Record, RecordState, Scope, StoreError,
-    StoreLimits, StoredResult, TenantId,
+    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
+    OwnerId, Record, Scope, StoreError, StoreLimits,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
+
+mod codec;
+mod lease;
+pub mod retention;
+pub use codec::{decode_record, encode_record};
+pub use lease::*;
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "idem";
@@ -292,7 +322,10 @@ impl RedisStore {
     /// may have replaced it.
     async fn conn(&self) -> ConnectionManager {
         let mut conn = self.conn.clone();
-        if self.inner.rename.swap(false, Ordering::SeqCst) {
+        // Load first: a swap on every call would write the shared flag each time.
+        if self.inner.rename.load(Ordering::Relaxed)
+            && self.inner.rename.swap(false, Ordering::SeqCst)
+        {
             let res = redis::cmd("CLIENT")
                 .arg("SETNAME")
                 .arg(&self.inner.client_name)
@@ -320,6 +353,27 @@ impl RedisStore {
 
     fn shift(&self) -> i64 {
         self.inner.clock.millis()
+    }
+
+    /// `EVALSHA <sha> 1 <key>`; the caller appends the script's arguments.
+    fn evalsha(&self, script: &Script, key: &str) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(1).arg(key);
+        cmd
+    }
+
+    /// Runs a prepared `EVALSHA`; on `NOSCRIPT` (a restarted or flushed server) loads the
+    /// script and runs it once more.
+    async fn eval(&self, script: &Script, cmd: &redis::Cmd) -> Result<Value, StoreError> {
+        let mut conn = self.conn().await;
+        match cmd.query_async::<Value>(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                let loaded = script.prepare_invoke().load_async(&mut conn).await;
+                self.check(loaded)?;
+                self.check(cmd.query_async::<Value>(&mut conn).await)
+            }
+            res => self.check(res),
+        }
     }
 
     fn retention_ms(&self) -> u64 {
@@ -383,135 +437,75 @@ fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(format!("redis: malformed reply or record: {what}"))
 }
 
-fn value_bytes(v: Value) -> Result<Vec<u8>, StoreError> {
+fn int(v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        other => Err(corrupt(format!("expected an integer, got {other:?}"))),
+    }
+}
+
+fn bytes(v: &Value) -> Result<&[u8], StoreError> {
     match v {
         Value::BulkString(b) => Ok(b),
-        Value::SimpleString(s) => Ok(s.into_bytes()),
-        Value::Int(i) => Ok(i.to_string().into_bytes()),
-        Value::Okay => Ok(b"OK".to_vec()),
-        other => Err(corrupt(format!("unexpected value {other:?}"))),
+        Value::SimpleString(s) => Ok(s.as_bytes()),
+        other => Err(corrupt(format!("expected a string, got {other:?}"))),
     }
 }
 
-/// A script reply: an array of strings.
-fn reply_items(v: Value) -> Result<Vec<Vec<u8>>, StoreError> {
-    match v {
-        Value::Array(items) => items.into_iter().map(value_bytes).collect(),
-        other => Err(corrupt(format!("expected an array, got {other:?}"))),
-    }
-}
-
-fn text(b: &[u8]) -> Result<&str, StoreError> {
-    std::str::from_utf8(b).map_err(|_| corrupt("text field is not UTF-8"))
-}
-
-fn int<T: std::str::FromStr>(b: &[u8]) -> Result<T, StoreError> {
-    text(b)?
-        .parse()
-        .map_err(|_| corrupt(format!("not an integer: {:?}", String::from_utf8_lossy(b))))
-}
-
-fn opt_owner(b: &[u8]) -> Result<Option<OwnerId>, StoreError> {
+fn opt_owner(v: &Value) -> Result<Option<OwnerId>, StoreError> {
+    let b = bytes(v)?;
     if b.is_empty() {
         return Ok(None);
     }
-    OwnerId::new(text(b)?).map(Some).map_err(corrupt)
+    let s = std::str::from_utf8(b).map_err(|_| corrupt("owner is not UTF-8"))?;
+    OwnerId::new(s).map(Some).map_err(corrupt)
 }
 
-/// Parses a flat `HGETALL` list into a record.
-fn parse_record(flat: Vec<Vec<u8>>) -> Result<Record, StoreError> {
-    if flat.len() % 2 != 0 {
-        return Err(corrupt("odd number of hash items"));
-    }
-    let mut fields: HashMap<String, Vec<u8>> = HashMap::with_capacity(flat.len() / 2);
-    let mut it = flat.into_iter();
-    while let (Some(name), Some(value)) = (it.next(), it.next()) {
-        fields.insert(String::from_utf8_lossy(&name).into_owned(), value);
-    }
-    let req = |name: &str| -> Result<&[u8], StoreError> {
-        fields
-            .get(name)
-            .map(Vec::as_slice)
-            .ok_or_else(|| corrupt(format!("record lacks field {name}")))
+/// Reads a `claim.lua` reply (see the script's header for the shapes).
+fn parse_claim(req: &ClaimRequest, reply: Value) -> Result<Claim, StoreError> {
+    let items = match reply {
+        // The stored record itself: a replay.
+        Value::BulkString(v) => return Ok(Claim::Replay(codec::decode_record(&v)?)),
+        Value::Array(items) => items,
+        other => return Err(corrupt(format!("claim reply {other:?}"))),
     };
-    let opt = |name: &str| fields.get(name).map(Vec::as_slice);
-
-    let result = match opt("r_status") {
-        None => None,
-        Some(status) => Some(StoredResult {
-            status: int(status)?,
-            headers: serde_json::from_slice(req("r_headers")?)
-                .map_err(|e| corrupt(format!("result headers: {e}")))?,
-            body: req("r_body")?.to_vec(),
-            result_ref: opt("r_ref").map(text).transpose()?.map(str::to_owned),
-        }),
+    let item = |i: usize| {
+        items
+            .get(i)
+            .ok_or_else(|| corrupt(format!("claim reply has {} items", items.len())))
     };
-    Ok(Record {
-        tenant: TenantId::new(text(req("tenant")?)?).map_err(corrupt)?,
-        key: IdempotencyKey::new(text(req("key")?)?).map_err(corrupt)?,
-        principal: Principal::new(text(req("principal")?)?).map_err(corrupt)?,
-        fingerprint: Fingerprint::from_hex(text(req("fp")?)?).map_err(corrupt)?,
-        state: text(req("state")?)?.parse().map_err(corrupt)?,
-        version: int(req("version")?)?,
-        owner: opt("owner").map(opt_owner).transpose()?.flatten(),
-        lease_expires_at: opt("lease").map(int).transpose()?,
-        result,
-        attempts: int(req("attempts")?)?,
-        created_at: int(req("created")?)?,
-        updated_at: int(req("updated")?)?,
-        completed_at: opt("completed").map(int).transpose()?,
-    })
-}
-
-fn parse_claim(req: &ClaimRequest, items: Vec<Vec<u8>>) -> Result<Claim, StoreError> {
-    let mut it = items.into_iter();
-    let decision = it.next().ok_or_else(|| corrupt("empty claim reply"))?;
-    let now: Millis = int(&it.next().ok_or_else(|| corrupt("claim reply lacks now"))?)?;
-    let mut next = |what: &str| {
-        it.next()
-            .ok_or_else(|| corrupt(format!("claim reply lacks {what}")))
-    };
-    match decision.as_slice() {
-        b"proceed" => {
-            let kind = next("kind")?;
-            let previous_owner = opt_owner(&next("previous owner")?)?;
-            let version: i64 = int(&next("version")?)?;
-            let lease_expires_at: Millis = int(&next("lease")?)?;
-            let attempt: i32 = int(&next("attempts")?)?;
-            let kind = match kind.as_slice() {
-                b"fresh" => ClaimKind::Fresh,
-                b"retry" => ClaimKind::RetryAfterFailure,
-                b"expired" => ClaimKind::ExpiredLease { previous_owner },
-                other => return Err(corrupt(format!("claim kind {:?}", text(other)?))),
+    match int(item(0)?)? {
+        1 => {
+            let kind = match int(item(1)?)? {
+                1 => ClaimKind::Fresh,
+                2 => ClaimKind::RetryAfterFailure,
+                3 => ClaimKind::ExpiredLease {
+                    previous_owner: opt_owner(item(5)?)?,
+                },
+                other => return Err(corrupt(format!("claim kind {other}"))),
             };
             Ok(Claim::Proceed(ClaimToken {
                 scope: req.scope.clone(),
                 owner: req.owner.clone(),
-                version,
-                lease_expires_at,
-                attempt,
+                version: int(item(2)?)?,
+                lease_expires_at: int(item(3)?)?,
+                attempt: i32::try_from(int(item(4)?)?).map_err(corrupt)?,
                 kind,
             }))
         }
-        b"in_progress" => {
-            let owner = opt_owner(&next("owner")?)?;
-            let lease = next("lease")?;
-            let lease_expires_at = if lease.is_empty() { now } else { int(&lease)? };
-            Ok(Claim::InProgress {
-                owner,
-                lease_expires_at,
-                now,
-            })
-        }
-        b"mismatch" => {
-            let state: RecordState = text(&next("state")?)?.parse().map_err(corrupt)?;
+        2 => Ok(Claim::InProgress {
+            now: int(item(1)?)?,
+            lease_expires_at: int(item(2)?)?,
+            owner: opt_owner(item(3)?)?,
+        }),
+        3 => {
+            let state = match bytes(item(1)?)? {
+                [code] => codec::state_of(*code)?,
+                other => return Err(corrupt(format!("state {other:?}"))),
+            };
             Ok(Claim::Mismatch { state })
         }
-        b"replay" => Ok(Claim::Replay(parse_record(it.collect())?)),
-        other => Err(corrupt(format!(
-            "claim decision {:?}",
-            String::from_utf8_lossy(other)
-        ))),
+        other => Err(corrupt(format!("claim decision {other}"))),
     }
 }
 
@@ -524,19 +518,20 @@ impl IdempotencyStore for RedisStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         self.inner.limits.check_claim(req)?;
         let key = self.record_key(&req.scope);
-        let mut inv = self.inner.claim.prepare_invoke();
-        inv.key(&key)
-            .arg(self.shift())
+        let ident = codec::identity_block(
+            &req.principal,
+            &req.fingerprint,
+            &req.scope.tenant,
+            &req.scope.key,
+        );
+        let mut cmd = self.evalsha(&self.inner.claim, &key);
+        cmd.arg(self.shift())
             .arg(millis_u64(req.lease))
             .arg(self.retention_ms())
-            .arg(req.scope.tenant.as_str())
-            .arg(req.scope.key.as_str())
-            .arg(req.principal.as_str())
-            .arg(req.fingerprint.to_hex())
-            .arg(req.owner.as_str());
-        let mut conn = self.conn().await;
-        let reply: Value = self.check(inv.invoke_async(&mut conn).await)?;
-        let claim = parse_claim(req, reply_items(reply)?)?;
+            .arg(codec::owner_block(&req.owner))
+            .arg(ident);
+        let reply = self.eval(&self.inner.claim, &cmd).await?;
+        let claim = parse_claim(req, reply)?;
         tracing::debug!(scope = %req.scope, owner = %req.owner, decision = claim.decision(), "redis claim");
         Ok(claim)
     }
@@ -544,40 +539,20 @@ impl IdempotencyStore for RedisStore {
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
         self.inner.limits.check_finish(&finish)?;
         let key = self.record_key(&token.scope);
-        let mut inv = self.inner.finish.prepare_invoke();
-        inv.key(&key)
-            .arg(self.shift())
+        let mut cmd = self.evalsha(&self.inner.finish, &key);
+        cmd.arg(self.shift())
             .arg(self.retention_ms())
-            .arg(token.owner.as_str())
+            .arg(codec::owner_block(&token.owner))
             .arg(token.version)
-            .arg(finish.state.as_str());
-        match &finish.result {
-            Some(r) => {
-                let headers = serde_json::to_string(&r.headers)
-                    .map_err(|e| StoreError::Backend(format!("result headers: {e}")))?;
-                inv.arg("1")
-                    .arg(r.status)
-                    .arg(headers)
-                    .arg(r.body.as_slice());
-                match &r.result_ref {
-                    Some(rr) => inv.arg("1").arg(rr.as_str()),
-                    None => inv.arg("0").arg(""),
-                };
-            }
-            None => {
-                inv.arg("0").arg("").arg("").arg("").arg("0").arg("");
-            }
-        }
-        let mut conn = self.conn().await;
-        let reply: Value = self.check(inv.invoke_async(&mut conn).await)?;
-        let mut items = reply_items(reply)?.into_iter();
-        match items.next().as_deref() {
-            Some(b"ok") => {
-                let rec = parse_record(items.collect())?;
+            .arg(&[codec::state_code(finish.state)][..])
+            .arg(codec::result_block(finish.result.as_ref())?);
+        match self.eval(&self.inner.finish, &cmd).await? {
+            Value::BulkString(head) => {
+                let rec = codec::decode_finished(&head, finish.result)?;
                 tracing::debug!(scope = %token.scope, state = %rec.state, version = rec.version, "redis finish");
                 Ok(rec)
             }
-            Some(b"superseded") => {
+            Value::Nil => {
                 tracing::info!(scope = %token.scope, owner = %token.owner, version = token.version, "redis finish superseded");
                 Err(StoreError::superseded(token))
             }
@@ -592,19 +567,15 @@ impl IdempotencyStore for RedisStore {
     ) -> Result<Millis, StoreError> {
         check_lease(lease)?;
         let key = self.record_key(&token.scope);
-        let mut inv = self.inner.extend.prepare_invoke();
-        inv.key(&key)
-            .arg(self.shift())
+        let mut cmd = self.evalsha(&self.inner.extend, &key);
+        cmd.arg(self.shift())
             .arg(millis_u64(lease))
             .arg(self.retention_ms())
-            .arg(token.owner.as_str())
+            .arg(codec::owner_block(&token.owner))
             .arg(token.version);
-        let mut conn = self.conn().await;
-        let reply: Value = self.check(inv.invoke_async(&mut conn).await)?;
-        let items = reply_items(reply)?;
-        match items.first().map(Vec::as_slice) {
-            Some(b"ok") => int(items.get(1).ok_or_else(|| corrupt("extend reply"))?),
-            Some(b"superseded") => Err(StoreError::superseded(token)),
+        match self.eval(&self.inner.extend, &cmd).await? {
+            Value::Int(deadline) => Ok(deadline),
+            Value::Nil => Err(StoreError::superseded(token)),
             other => Err(corrupt(format!("extend reply {other:?}"))),
         }
     }
@@ -612,27 +583,9 @@ impl IdempotencyStore for RedisStore {
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let key = self.record_key(scope);
         let mut conn = self.conn().await;
-        let reply: Value = self.check(
-            redis::cmd("HGETALL")
-                .arg(&key)
-                .query_async::<Value>(&mut conn)
-                .await,
-        )?;
-        let flat = match reply {
-            Value::Map(pairs) => {
-                let mut flat = Vec::with_capacity(pairs.len() * 2);
-                for (k, v) in pairs {
-                    flat.push(value_bytes(k)?);
-                    flat.push(value_bytes(v)?);
-                }
-                flat
-            }
-            other => reply_items(other)?,
-        };
-        if flat.is_empty() {
-            return Ok(None);
-        }
-        parse_record(flat).map(Some)
+        let reply: Option<Vec<u8>> =
+            self.check(redis::cmd("GET").arg(&key).query_async(&mut conn).await)?;
+        reply.map(|v| codec::decode_record(&v)).transpose()
     }
 
     /// Always `true`: the guard is the atomic single-key claim script, not a schema
@@ -645,6 +598,7 @@ impl IdempotencyStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::{IdempotencyKey, TenantId};
 
     fn scope(t: &str, k: &str) -> Scope {
         Scope::new(TenantId::new(t).unwrap(), IdempotencyKey::new(k).unwrap())
@@ -696,35 +650,5 @@ mod tests {
         assert!(map_err(&loading).is_unavailable());
         let other: RedisError = (redis::ErrorKind::TypeError, "wrong type").into();
         assert_eq!(map_err(&other).kind(), idem_core::ErrorKind::Backend);
-    }
-
-    #[test]
-    fn record_round_trip_from_fields() {
-        let flat: Vec<Vec<u8>> = [
-            ("tenant", &b"t"[..]),
-            ("key", b"k"),
-            ("principal", b"p"),
-            ("fp", Fingerprint::of_bytes(b"x").to_hex().as_bytes()),
-            ("state", b"SUCCEEDED"),
-            ("version", b"2"),
-            ("owner", b"o"),
-            ("attempts", b"1"),
-            ("created", b"10"),
-            ("updated", b"20"),
-            ("completed", b"20"),
-            ("r_status", b"201"),
-            ("r_headers", br#"[["a","b"]]"#),
-            ("r_body", &[0u8, 255, 10]),
-        ]
-        .iter()
-        .flat_map(|(k, v)| [k.as_bytes().to_vec(), v.to_vec()])
-        .collect();
-        let rec = parse_record(flat).unwrap();
-        assert_eq!(rec.state, RecordState::Succeeded);
-        assert_eq!(rec.lease_expires_at, None);
-        let r = rec.result.unwrap();
-        assert_eq!(r.body, vec![0, 255, 10]);
-        assert_eq!(r.headers, vec![("a".to_string(), "b".to_string())]);
-        assert_eq!(r.result_ref, None);
     }
 }

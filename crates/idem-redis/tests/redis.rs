@@ -428,13 +428,13 @@ async fn killed_connections_during_race_execute_once() {
     // Nothing under this prefix is left PROCESSING.
     let mut admin = h.admin().await;
     for key in h.keys().await {
-        let state: String = redis::cmd("HGET")
+        let value: Vec<u8> = redis::cmd("GET")
             .arg(&key)
-            .arg("state")
             .query_async(&mut admin)
             .await
             .unwrap();
-        assert_ne!(state, "PROCESSING", "{key}");
+        let rec = idem_redis::decode_record(&value).unwrap();
+        assert_ne!(rec.state, RecordState::Processing, "{key}");
     }
 }
 

@@ -30,6 +30,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 mod lease;
 mod migrate;
+mod retention;
 
 pub use lease::*;
 pub use migrate::MIGRATIONS;

@@ -11,6 +11,7 @@ use idem_core::StoreError;
 pub const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_records.sql")),
     (2, include_str!("../migrations/0002_leases.sql")),
+    (3, include_str!("../migrations/0003_retention.sql")),
 ];
 
 pub(crate) async fn apply(pool: &SqlitePool) -> Result<(), StoreError> {

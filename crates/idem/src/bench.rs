@@ -18,6 +18,8 @@ use serde::Serialize;
 #[async_trait]
 pub trait Baseline: Send + Sync {
     fn describe(&self) -> &'static str;
+    /// What the replay baseline runs.
+    fn describe_replay(&self) -> &'static str;
     /// Naive claim+complete: insert if absent, then update to the final result.
     async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError>;
     /// Plain read of one record.
@@ -47,6 +49,29 @@ pub struct BenchReport {
     pub concurrency: usize,
     pub duration_s: f64,
     pub phases: Vec<Phase>,
+    /// PostgreSQL only (and not with `--no-growth`): claim latency as the table grows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub growth: Option<Growth>,
+}
+
+/// Claim p50 on fresh keys with few and with many stored keys (PostgreSQL). Target:
+/// `ratio` (p50 at the large size / p50 at the small size) at most 1.5.
+#[derive(Debug, Serialize)]
+pub struct Growth {
+    /// Fresh-key claims timed at each size (after a short warm-up).
+    pub claims: usize,
+    pub concurrency: usize,
+    /// Stored keys when the first measurement started.
+    pub small_keys: i64,
+    /// Stored keys when the second measurement started (after the bulk load).
+    pub large_keys: i64,
+    pub small_p50_us: u64,
+    pub small_p99_us: u64,
+    pub large_p50_us: u64,
+    pub large_p99_us: u64,
+    pub ratio: f64,
+    /// Wall time from the start of the bulk load to the end of the second measurement.
+    pub load_s: f64,
 }
 
 #[derive(Default)]
@@ -154,6 +179,7 @@ fn phase(name: &'static str, baseline: &'static str, mut idem: Load, mut base: L
 pub async fn run(
     store: Arc<dyn IdempotencyStore>,
     baseline: Arc<dyn Baseline>,
+    growth: Option<&PgGrowth>,
     tenant: &TenantId,
     concurrency: usize,
     duration: Duration,
@@ -249,13 +275,20 @@ pub async fn run(
             .await?,
         );
     }
-    let replay_phase = phase("replay", baseline.describe(), idem, base);
+    let replay_phase = phase("replay", baseline.describe_replay(), idem, base);
+
+    // After the throughput phases: it empties the store's table first.
+    let growth = match growth {
+        Some(g) => Some(g.run().await?),
+        None => None,
+    };
 
     Ok(BenchReport {
         backend: store.backend().to_string(),
         concurrency,
         duration_s: duration.as_secs_f64(),
         phases: vec![claim_phase, replay_phase],
+        growth,
     })
 }
 
@@ -271,6 +304,165 @@ pub fn print_human(r: &BenchReport) {
             p.baseline_p50_us, p.baseline_p99_us, p.ratio
         );
         println!("  {:<15} baseline: {}", "", p.baseline);
+    }
+    if let Some(g) = &r.growth {
+        println!(
+            "  {:<15} claim p50 {} us (p99 {} us) with {} stored keys, {} us (p99 {} us) with {}  ratio {:.2} (target <= 1.50)",
+            "growth", g.small_p50_us, g.small_p99_us, g.small_keys, g.large_p50_us,
+            g.large_p99_us, g.large_keys, g.ratio
+        );
+        println!(
+            "  {:<15} {} fresh-key claims per size at concurrency {}; bulk load, ANALYZE and claims {:.1} s",
+            "", g.claims, g.concurrency, g.load_s
+        );
+    }
+}
+
+/// Stored keys for the first growth measurement.
+const GROWTH_SMALL: i64 = 1_000;
+/// Stored keys for the second growth measurement.
+const GROWTH_LARGE: i64 = 1_000_000;
+/// Timed fresh-key claims per size, and how many tasks issue them.
+const GROWTH_CLAIMS: usize = 2_000;
+const GROWTH_CONCURRENCY: usize = 8;
+/// Untimed claims first at each size (connections, statement caches, buffers).
+const GROWTH_WARMUP: usize = 200;
+/// Tenants the bulk-loaded keys and the timed claims spread over, so claims land all
+/// over the unique index rather than at one edge of it.
+const GROWTH_TENANTS: usize = 100;
+
+/// The PostgreSQL growth measurement: claim p50 on fresh keys with 1 thousand stored
+/// keys, then again after a bulk load to 1 million (`INSERT … SELECT … FROM
+/// generate_series`, then `ANALYZE`). Runs in the bench's own schema, whose table it
+/// empties first; the bench's cleanup drops the schema.
+pub struct PgGrowth {
+    store: idem_postgres::PgStore,
+}
+
+impl PgGrowth {
+    pub fn new(store: idem_postgres::PgStore) -> Self {
+        Self { store }
+    }
+
+    async fn sql(&self, sql: &str) -> Result<(), StoreError> {
+        sqlx::raw_sql(sql)
+            .execute(self.store.pool())
+            .await
+            .map_err(raw)?;
+        Ok(())
+    }
+
+    async fn count(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {}", self.store.table()))
+            .fetch_one(self.store.pool())
+            .await
+            .map_err(raw)
+    }
+
+    /// Finished records `from..=to`, shaped like the bench's own (a result of ~60 bytes),
+    /// with random-looking keys spread over the growth tenants.
+    async fn load(&self, from: i64, to: i64) -> Result<(), StoreError> {
+        let t = self.store.table();
+        self.sql(&format!(
+            "INSERT INTO {t} (tenant_id, key, principal, fingerprint, state, version, owner, \
+             lease_expires_at, result_status, result_headers, result_body, result_ref, attempts, \
+             created_at, updated_at, completed_at) \
+             SELECT 'growth-' || (g % {GROWTH_TENANTS}), md5(g::text), 'bench', \
+             sha256(g::text::bytea), 'SUCCEEDED', 2, 'bench-bulk', NULL, 201, \
+             '[[\"content-type\",\"application/json\"]]'::jsonb, \
+             convert_to('{{\"order_id\":\"ord_' || md5(g::text) || '\"}}', 'UTF8'), \
+             'ord_' || g, 1, c.now_ms - g, c.now_ms - g, c.now_ms - g \
+             FROM generate_series({from}, {to}) g, \
+             (SELECT {PG_NOW} AS now_ms) c; \
+             ANALYZE {t};"
+        ))
+        .await
+    }
+
+    /// `n` fresh-key claims from `GROWTH_CONCURRENCY` tasks; their latencies.
+    async fn claims(&self, n: usize) -> Result<Load, StoreError> {
+        let store = Arc::new(self.store.clone());
+        let per_task = n.div_ceil(GROWTH_CONCURRENCY);
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for task in 0..GROWTH_CONCURRENCY {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(per_task);
+                for i in 0..per_task {
+                    let tenant = TenantId::new(format!("growth-{}", (task + i) % GROWTH_TENANTS))
+                        .expect("tenant");
+                    let key = uuid::Uuid::new_v4().simple().to_string();
+                    let req = claim_request(&tenant, &key, task);
+                    let t0 = Instant::now();
+                    match store.claim(&req).await? {
+                        Claim::Proceed(_) => {}
+                        other => {
+                            return Err(StoreError::Backend(format!(
+                                "fresh key was not executed: {}",
+                                other.decision()
+                            )))
+                        }
+                    }
+                    lat.push(t0.elapsed().as_micros() as u64);
+                }
+                Ok::<_, StoreError>(lat)
+            }));
+        }
+        let mut load = Load::default();
+        for t in tasks {
+            let lat = t
+                .await
+                .map_err(|e| StoreError::Backend(format!("bench task: {e}")))??;
+            load.ops += lat.len() as u64;
+            load.latencies_us.extend(lat);
+        }
+        load.elapsed = started.elapsed();
+        Ok(load)
+    }
+
+    /// Bulk-loads so that `target` keys are stored once the warm-up claims are in, then
+    /// warms up and times the claims: (stored keys when the timed claims started,
+    /// latencies). `next_id` numbers the bulk rows across calls.
+    async fn measure(&self, target: i64, next_id: &mut i64) -> Result<(i64, Load), StoreError> {
+        let missing = target - GROWTH_WARMUP as i64 - self.count().await?;
+        if missing > 0 {
+            self.load(*next_id, *next_id + missing - 1).await?;
+            *next_id += missing;
+        }
+        self.claims(GROWTH_WARMUP).await?;
+        let keys = self.count().await?;
+        Ok((keys, self.claims(GROWTH_CLAIMS).await?))
+    }
+
+    pub async fn run(&self) -> Result<Growth, StoreError> {
+        eprintln!("growth: {GROWTH_SMALL} stored keys, {GROWTH_CLAIMS} claims");
+        self.sql(&format!("TRUNCATE {}", self.store.table()))
+            .await?;
+        let mut next_id = 1;
+        let (small_keys, mut small) = self.measure(GROWTH_SMALL, &mut next_id).await?;
+        eprintln!("growth: loading to {GROWTH_LARGE} stored keys, then {GROWTH_CLAIMS} claims");
+        let t0 = Instant::now();
+        let (large_keys, mut large) = self.measure(GROWTH_LARGE, &mut next_id).await?;
+        // The bulk load dominates; the warm-up and the timed claims take a second or two.
+        let load_s = t0.elapsed().as_secs_f64();
+        let (small_p50, large_p50) = (small.percentile(0.50), large.percentile(0.50));
+        Ok(Growth {
+            claims: GROWTH_CLAIMS,
+            concurrency: GROWTH_CONCURRENCY,
+            small_keys,
+            large_keys,
+            small_p50_us: small_p50,
+            small_p99_us: small.percentile(0.99),
+            large_p50_us: large_p50,
+            large_p99_us: large.percentile(0.99),
+            ratio: if small_p50 > 0 {
+                (large_p50 as f64 / small_p50 as f64 * 100.0).round() / 100.0
+            } else {
+                0.0
+            },
+            load_s: (load_s * 10.0).round() / 10.0,
+        })
     }
 }
 
@@ -316,6 +508,10 @@ fn raw(e: sqlx::Error) -> StoreError {
 impl Baseline for SqliteBaseline {
     fn describe(&self) -> &'static str {
         "sqlx: INSERT ... ON CONFLICT DO NOTHING, then UPDATE (same table shape, same pool)"
+    }
+
+    fn describe_replay(&self) -> &'static str {
+        "sqlx: SELECT * by (tenant_id, key) (same table shape, same pool)"
     }
 
     async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {
@@ -368,8 +564,12 @@ const PG_NOW: &str = "((extract(epoch from clock_timestamp()) * 1000)::bigint)";
 
 impl PgBaseline {
     pub async fn new(url: &str, schema: &str) -> Result<Self, StoreError> {
+        // The same pool settings as the store under test (`open_bench`): 32 connections,
+        // each checked with a ping when taken from the pool.
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(32)
+            .acquire_timeout(Duration::from_secs(5))
+            .test_before_acquire(true)
             .connect(url)
             .await
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
@@ -390,6 +590,10 @@ impl PgBaseline {
 impl Baseline for PgBaseline {
     fn describe(&self) -> &'static str {
         "sqlx: INSERT ... ON CONFLICT DO NOTHING, then UPDATE (same table shape, pool of 32)"
+    }
+
+    fn describe_replay(&self) -> &'static str {
+        "sqlx: SELECT * by (tenant_id, key) (same table shape, pool of 32)"
     }
 
     async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {
@@ -470,7 +674,11 @@ impl RedisBaseline {
 #[async_trait]
 impl Baseline for RedisBaseline {
     fn describe(&self) -> &'static str {
-        "redis-rs: SET NX PX, then SET PX with the result; replay GET"
+        "redis-rs: SET NX PX, then SET PX with the result"
+    }
+
+    fn describe_replay(&self) -> &'static str {
+        "redis-rs: GET"
     }
 
     async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {

@@ -59,10 +59,14 @@ pub async fn open_lease_store(url: &str) -> Result<Arc<dyn LeaseStore>, StoreErr
         Backend::Sqlite => Ok(Arc::new(
             SqliteStore::open(SqliteOptions::from_url(url)?).await?,
         )),
-        Backend::Postgres | Backend::Redis => Err(StoreError::InvalidInput(format!(
-            "leases on {} are not available in this build",
-            redact(url)
-        ))),
+        Backend::Postgres => {
+            let store = PgStore::connect(url, PgOptions::default()).await?;
+            store.migrate().await?;
+            Ok(Arc::new(store))
+        }
+        Backend::Redis => Ok(Arc::new(
+            RedisStore::connect(url, RedisOptions::default()).await?,
+        )),
     }
 }
 
@@ -80,19 +84,20 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// What `idem bench store` runs against.
+pub struct BenchTargets {
+    pub store: Arc<dyn IdempotencyStore>,
+    pub baseline: Arc<dyn crate::bench::Baseline>,
+    /// PostgreSQL only: the growth measurement on the store's own table.
+    pub growth: Option<crate::bench::PgGrowth>,
+    /// The embedded store's temporary directory, kept until this drops.
+    pub _tmp: Option<tempfile::TempDir>,
+}
+
 /// Opens the store and its raw-driver baseline for `idem bench store`. Without an
 /// explicit URL the embedded store runs in a temporary directory, kept until the
-/// returned guard drops.
-pub async fn open_bench(
-    url: &str,
-) -> Result<
-    (
-        Arc<dyn IdempotencyStore>,
-        Arc<dyn crate::bench::Baseline>,
-        Option<tempfile::TempDir>,
-    ),
-    StoreError,
-> {
+/// returned targets drop.
+pub async fn open_bench(url: &str) -> Result<BenchTargets, StoreError> {
     match backend_of(url)? {
         Backend::Sqlite => {
             let (opts, tmp) = if url == default_url() {
@@ -104,10 +109,16 @@ pub async fn open_bench(
             };
             let baseline = crate::bench::SqliteBaseline::new(&opts).await?;
             let store = SqliteStore::open(opts).await?;
-            Ok((Arc::new(store), Arc::new(baseline), tmp))
+            Ok(BenchTargets {
+                store: Arc::new(store),
+                baseline: Arc::new(baseline),
+                growth: None,
+                _tmp: tmp,
+            })
         }
         Backend::Postgres => {
-            // A schema of its own, dropped when the bench ends.
+            // A schema of its own, dropped when the bench ends. Both sides get a pool of
+            // 32 with the same settings (see `PgBaseline::new`).
             let schema = format!("idem_bench_{}", uuid::Uuid::now_v7().simple());
             let options = PgOptions {
                 schema: Some(schema.clone()),
@@ -117,7 +128,12 @@ pub async fn open_bench(
             let store = PgStore::connect(url, options).await?;
             store.migrate().await?;
             let baseline = crate::bench::PgBaseline::new(url, &schema).await?;
-            Ok((Arc::new(store), Arc::new(baseline), None))
+            Ok(BenchTargets {
+                growth: Some(crate::bench::PgGrowth::new(store.clone())),
+                store: Arc::new(store),
+                baseline: Arc::new(baseline),
+                _tmp: None,
+            })
         }
         Backend::Redis => {
             let prefix = format!("idem-bench-{}", uuid::Uuid::now_v7().simple());
@@ -127,7 +143,12 @@ pub async fn open_bench(
             };
             let store = RedisStore::connect(url, options).await?;
             let baseline = crate::bench::RedisBaseline::new(url, &prefix).await?;
-            Ok((Arc::new(store), Arc::new(baseline), None))
+            Ok(BenchTargets {
+                store: Arc::new(store),
+                baseline: Arc::new(baseline),
+                growth: None,
+                _tmp: None,
+            })
         }
     }
 }

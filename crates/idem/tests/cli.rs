@@ -139,6 +139,19 @@ fn drill_on_postgres_in_its_own_schema() {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let report = check_drill_passes(&url);
         assert_eq!(report["backend"], "postgres");
+        // Leases on the same database.
+        let out = idem(
+            &url,
+            &[
+                "lock", "acquire", "inv", "--owner", "A", "--ttl", "30s", "--json",
+            ],
+        );
+        assert!(out.status.success());
+        let out = idem(
+            &url,
+            &["lock", "acquire", "inv", "--owner", "B", "--ttl", "30s"],
+        );
+        assert_eq!(out.status.code(), Some(1));
         // The guard check reads the live catalog.
         rt.block_on(async {
             sqlx::query(&format!("DROP INDEX {schema}.idem_records_scope_uq"))

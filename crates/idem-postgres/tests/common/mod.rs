@@ -38,7 +38,7 @@ impl PgHarness {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
             application_name: self.application_name.clone(),
-            fresh_fast_path: true,
+            fresh_fast_path: false,
         }
     }
 

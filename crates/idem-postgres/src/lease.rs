@@ -1,0 +1,791 @@
+//! Leases with fencing tokens on PostgreSQL, and the fenced write for resources in the
+//! same database.
+//!
+//! PostgreSQL is where fencing tokens for high-risk writes come from (BRIEF §9): the
+//! counter, the lease and the protected resource's fence are rows committed by the same
+//! database, so a token the fence has seen can never be granted again.
+//!
+//! # Tables (migration 2, in the store's schema)
+//!
+//! - `idem_lease_tokens(name, last_token)`: the highest token ever granted per name.
+//!   Never deleted and never lowered: a trigger refuses `DELETE`, `TRUNCATE` and any
+//!   `UPDATE` that would lower `last_token`, so tokens do not go back after a release,
+//!   an expiry, a deleted lease row, a restart, or an operator's cleanup by hand.
+//! - `idem_leases(name, owner, token, acquired_at, expires_at, renewals)`: the current
+//!   lease per name. An expired row stays until the store notices it (a later acquire,
+//!   renew, release or force-release), which records `expired` and replaces or removes it.
+//! - `idem_lease_events`: the evidence (owner, token, acquire and expiry times, detail),
+//!   ordered by an identity column.
+//! - `idem_fences(resource, last_token, lease_name, owner, updated_at)`: the last token
+//!   each protected resource accepted.
+//!
+//! # Atomicity
+//!
+//! Every change is one READ COMMITTED transaction that first locks the name's counter
+//! row (`INSERT … ON CONFLICT DO UPDATE`, which waits for a concurrent holder of the
+//! row and then sees its committed value) and reads the database clock *after* the lock.
+//! Every writer of a name's lease row holds that lock, so the following read of the
+//! lease row is stable until commit, and the evidence commits with the change. A grant
+//! is one statement that bumps the counter, writes the lease and records `acquired`.
+//! An acquire that finds a live holder answers from one plain read and writes nothing,
+//! so contenders polling a held lease do not queue on the lock.
+//!
+//! Tokens: `max(counter, token of the lease row) + 1`. A renew, release or
+//! force-release of a name never granted leaves its counter row at 0 (the lock it took);
+//! [`LeaseStore::show`] reports no token for it.
+//!
+//! # Time
+//!
+//! Every time is epoch milliseconds from `clock_timestamp()` (the database's clock,
+//! never the caller's) plus the [`ClockShift`], which is zero in
+//! production.
+//!
+//! # Limits
+//!
+//! Tokens never go back as far as committed transactions survive. With asynchronous
+//! streaming replication a failover can lose the last committed transactions, and with
+//! them the grants they made: the promoted standby could grant a token again. Where a
+//! lost grant matters, run the lease tables with synchronous replication
+//! (`synchronous_commit = on` / `remote_apply` and `synchronous_standby_names`).
+//!
+//! It must not invent lease rules: `idem_core::lease` states them, and
+//! `idem-conformance::lease` checks them.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::lease::{check_reason, check_ttl, fence_accepts, holder_detail};
+use idem_core::{
+    Acquire, ClockShift, Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind,
+    LeaseName, LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgExecutor, Row};
+
+use crate::error::map_err;
+use crate::PgStore;
+
+/// The future a fenced write's closure returns; it borrows the transaction's connection.
+pub type FencedWriteFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
+
+/// The database clock in epoch milliseconds (`clock_timestamp()`: the time of reading,
+/// not of the transaction start).
+const CLOCK: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Migration 2. Unqualified names: the migration runs with `search_path` set to the
+/// store's schema.
+pub(crate) const MIGRATION_SQL: &str = r#"
+-- The highest token ever granted per name. A grant bumps it in the same transaction
+-- that writes the lease; the row is also the per-name lock every lease change takes.
+CREATE TABLE idem_lease_tokens (
+    name       text   PRIMARY KEY,
+    last_token bigint NOT NULL CHECK (last_token >= 0)
+);
+-- Tokens never go back: the counter can be neither deleted nor lowered.
+CREATE FUNCTION idem_lease_tokens_never_go_back() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.last_token < OLD.last_token OR NEW.name <> OLD.name THEN
+            RAISE EXCEPTION 'idem_lease_tokens: token counter of % cannot go back', OLD.name
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'idem_lease_tokens: token counters are never deleted (%)', TG_OP
+        USING ERRCODE = 'check_violation';
+END
+$$;
+CREATE TRIGGER idem_lease_tokens_guard BEFORE UPDATE OR DELETE ON idem_lease_tokens
+    FOR EACH ROW EXECUTE FUNCTION idem_lease_tokens_never_go_back();
+CREATE TRIGGER idem_lease_tokens_no_truncate BEFORE TRUNCATE ON idem_lease_tokens
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_lease_tokens_never_go_back();
+
+-- The current lease per name (live, or expired and not yet noticed).
+CREATE TABLE idem_leases (
+    name        text    PRIMARY KEY,
+    owner       text    NOT NULL,
+    token       bigint  NOT NULL CHECK (token > 0),
+    acquired_at bigint  NOT NULL,
+    expires_at  bigint  NOT NULL,
+    renewals    integer NOT NULL DEFAULT 0 CHECK (renewals >= 0)
+);
+
+-- Evidence: who held what, with which token, when (database clock).
+CREATE TABLE idem_lease_events (
+    id          bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name        text    NOT NULL,
+    kind        text    NOT NULL CHECK (kind IN ('acquired', 'renewed', 'renew_rejected',
+                    'released', 'expired', 'release_owner_mismatch',
+                    'fenced_write_rejected', 'force_released')),
+    at          bigint  NOT NULL,
+    owner       text,
+    token       bigint,
+    acquired_at bigint,
+    expires_at  bigint,
+    detail      text
+);
+CREATE INDEX idem_lease_events_name_idx ON idem_lease_events (name, id);
+
+-- The last token each protected resource accepted (the fence).
+CREATE TABLE idem_fences (
+    resource   text   PRIMARY KEY,
+    last_token bigint NOT NULL,
+    lease_name text   NOT NULL,
+    owner      text   NOT NULL,
+    updated_at bigint NOT NULL
+);
+"#;
+
+/// The (possibly schema-qualified) lease tables.
+struct Tables {
+    leases: String,
+    tokens: String,
+    events: String,
+    fences: String,
+}
+
+impl Tables {
+    fn of(schema: Option<&str>) -> Self {
+        // `schema` passed `validate_schema`: a plain lower-case identifier.
+        let q = |t: &str| match schema {
+            Some(s) => format!("\"{s}\".{t}"),
+            None => t.to_string(),
+        };
+        Self {
+            leases: q("idem_leases"),
+            tokens: q("idem_lease_tokens"),
+            events: q("idem_lease_events"),
+            fences: q("idem_fences"),
+        }
+    }
+}
+
+fn lerr(what: &'static str) -> impl Fn(sqlx::Error) -> LeaseError {
+    move |e| map_err(what, e).into()
+}
+
+fn bad_row(what: &str, e: impl std::fmt::Display) -> LeaseError {
+    LeaseError::Backend(format!("corrupt lease column {what}: {e}"))
+}
+
+/// What one read sees: store time, the lease row (live or expired), the last token.
+struct Snapshot {
+    now: Millis,
+    lease: Option<Lease>,
+    last_token: Option<FencingToken>,
+}
+
+/// The lease row, the token counter and the store time in one statement (one snapshot),
+/// without locks.
+async fn snapshot(
+    exec: impl PgExecutor<'_>,
+    clock: &ClockShift,
+    t: &Tables,
+    name: &LeaseName,
+) -> Result<Snapshot, LeaseError> {
+    let row = sqlx::query(&format!(
+        "SELECT {CLOCK} + $2 AS now_ms, l.name IS NOT NULL AS found, \
+           l.owner, l.token, l.acquired_at, l.expires_at, l.renewals, \
+           GREATEST(t.last_token, l.token, 0) AS last_token \
+         FROM (SELECT 1) one \
+         LEFT JOIN {leases} l ON l.name = $1 \
+         LEFT JOIN {tokens} t ON t.name = $1",
+        leases = t.leases,
+        tokens = t.tokens,
+    ))
+    .bind(name.as_str())
+    .bind(clock.millis())
+    .fetch_one(exec)
+    .await
+    .map_err(lerr("lease read"))?;
+    let found: bool = row.try_get("found").map_err(lerr("lease read"))?;
+    let last: i64 = row.try_get("last_token").map_err(lerr("lease read"))?;
+    Ok(Snapshot {
+        now: row.try_get("now_ms").map_err(lerr("lease read"))?,
+        lease: found.then(|| lease_from_row(name, &row)).transpose()?,
+        last_token: (last > 0).then_some(FencingToken::new(last)),
+    })
+}
+
+fn lease_from_row(name: &LeaseName, row: &PgRow) -> Result<Lease, LeaseError> {
+    let e = lerr("lease decode");
+    let owner: String = row.try_get("owner").map_err(&e)?;
+    let renewals: i32 = row.try_get("renewals").map_err(&e)?;
+    Ok(Lease {
+        name: name.clone(),
+        owner: OwnerId::new(owner).map_err(|e| bad_row("owner", e))?,
+        token: FencingToken::new(row.try_get("token").map_err(&e)?),
+        acquired_at: row.try_get("acquired_at").map_err(&e)?,
+        expires_at: row.try_get("expires_at").map_err(&e)?,
+        renewals: u32::try_from(renewals).map_err(|e| bad_row("renewals", e))?,
+    })
+}
+
+/// Takes the name's lock (its counter row, created at 0 if missing) and then reads the
+/// clock. Returns the counter and the store time. Held until the transaction ends.
+async fn lock_name(
+    conn: &mut PgConnection,
+    clock: &ClockShift,
+    t: &Tables,
+    name: &LeaseName,
+) -> Result<(i64, Millis), LeaseError> {
+    // RETURNING is computed after the row lock is granted, so `now_ms` is read after any
+    // concurrent change of this name committed.
+    let row = sqlx::query(&format!(
+        "INSERT INTO {tokens} AS t (name, last_token) VALUES ($1, 0) \
+         ON CONFLICT (name) DO UPDATE SET last_token = t.last_token \
+         RETURNING t.last_token, {CLOCK} + $2 AS now_ms",
+        tokens = t.tokens,
+    ))
+    .bind(name.as_str())
+    .bind(clock.millis())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(lerr("lease lock"))?;
+    Ok((
+        row.try_get(0).map_err(lerr("lease lock"))?,
+        row.try_get(1).map_err(lerr("lease lock"))?,
+    ))
+}
+
+/// The lease row under the name's lock.
+async fn locked_lease(
+    conn: &mut PgConnection,
+    t: &Tables,
+    name: &LeaseName,
+) -> Result<Option<Lease>, LeaseError> {
+    // FOR UPDATE as well, against anyone writing the row without the name's lock.
+    let row = sqlx::query(&format!(
+        "SELECT owner, token, acquired_at, expires_at, renewals FROM {leases} \
+         WHERE name = $1 FOR UPDATE",
+        leases = t.leases,
+    ))
+    .bind(name.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(lerr("lease read"))?;
+    row.map(|row| lease_from_row(name, &row)).transpose()
+}
+
+async fn record(
+    exec: impl PgExecutor<'_>,
+    t: &Tables,
+    event: &LeaseEvent,
+) -> Result<(), LeaseError> {
+    sqlx::query(&format!(
+        "INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at, detail) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        events = t.events,
+    ))
+    .bind(event.name.as_str())
+    .bind(event.kind.as_str())
+    .bind(event.at)
+    .bind(event.owner.as_ref().map(OwnerId::as_str))
+    .bind(event.token.map(FencingToken::get))
+    .bind(event.acquired_at)
+    .bind(event.expires_at)
+    .bind(event.detail.as_deref())
+    .execute(exec)
+    .await
+    .map_err(lerr("lease event"))?;
+    Ok(())
+}
+
+async fn delete_lease(
+    conn: &mut PgConnection,
+    t: &Tables,
+    name: &LeaseName,
+) -> Result<(), LeaseError> {
+    sqlx::query(&format!(
+        "DELETE FROM {leases} WHERE name = $1",
+        leases = t.leases
+    ))
+    .bind(name.as_str())
+    .execute(&mut *conn)
+    .await
+    .map_err(lerr("lease delete"))?;
+    Ok(())
+}
+
+/// The live lease; an expired row is recorded as `expired` and removed, so the expiry
+/// is recorded once.
+async fn settle_expired(
+    conn: &mut PgConnection,
+    t: &Tables,
+    lease: Option<Lease>,
+    now: Millis,
+) -> Result<Option<Lease>, LeaseError> {
+    match lease {
+        Some(lease) if !lease.is_live(now) => {
+            record(
+                &mut *conn,
+                t,
+                &LeaseEvent::of_lease(LeaseEventKind::Expired, now, &lease),
+            )
+            .await?;
+            delete_lease(conn, t, &lease.name).await?;
+            Ok(None)
+        }
+        live => Ok(live),
+    }
+}
+
+fn holds(lease: &Lease, owner: &OwnerId, token: FencingToken, now: Millis) -> bool {
+    lease.owner == *owner && lease.token == token && lease.is_live(now)
+}
+
+fn lease_ms(ttl: Duration) -> i64 {
+    // check_ttl bounds it to 24 h, far inside i64.
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl PgStore {
+    fn lease_tables(&self) -> Tables {
+        Tables::of(self.schema.as_deref())
+    }
+
+    async fn begin_lease(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, LeaseError> {
+        self.pool.begin().await.map_err(lerr("lease begin"))
+    }
+
+    /// Takes the fence of `resource` on `conn`: accepted (and remembered) when
+    /// `lease.token` passes [`fence_accepts`]; otherwise `Err((last accepted, now))`
+    /// and nothing written. Either way the fence row stays locked until `conn`'s
+    /// transaction ends, so writes under one resource are serialized in token order.
+    async fn take_fence(
+        &self,
+        conn: &mut PgConnection,
+        t: &Tables,
+        resource: &str,
+        lease: &Lease,
+    ) -> Result<Result<(), (FencingToken, Millis)>, LeaseError> {
+        if resource.is_empty() {
+            return Err(LeaseError::InvalidInput(
+                "fenced resource name is empty".into(),
+            ));
+        }
+        // DO UPDATE … WHERE locks the conflicting row even when the WHERE is false.
+        let accepted: Option<i64> = sqlx::query_scalar(&format!(
+            "INSERT INTO {fences} AS f (resource, last_token, lease_name, owner, updated_at) \
+             VALUES ($1, $2, $3, $4, {CLOCK} + $5) \
+             ON CONFLICT (resource) DO UPDATE SET last_token = EXCLUDED.last_token, \
+               lease_name = EXCLUDED.lease_name, owner = EXCLUDED.owner, \
+               updated_at = EXCLUDED.updated_at \
+             WHERE EXCLUDED.last_token >= f.last_token \
+             RETURNING f.last_token",
+            fences = t.fences,
+        ))
+        .bind(resource)
+        .bind(lease.token.get())
+        .bind(lease.name.as_str())
+        .bind(lease.owner.as_str())
+        .bind(self.clock.millis())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(lerr("fence"))?;
+        if accepted.is_some() {
+            return Ok(Ok(()));
+        }
+        // Under the row lock: the value that refused us, and the time of the refusal.
+        let row = sqlx::query(&format!(
+            "SELECT last_token, {CLOCK} + $2 AS now_ms FROM {fences} WHERE resource = $1",
+            fences = t.fences,
+        ))
+        .bind(resource)
+        .bind(self.clock.millis())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(lerr("fence"))?;
+        let last = FencingToken::new(row.try_get(0).map_err(lerr("fence"))?);
+        let now: Millis = row.try_get(1).map_err(lerr("fence"))?;
+        debug_assert!(!fence_accepts(Some(last), lease.token));
+        Ok(Err((last, now)))
+    }
+
+    /// Records a refused write in its own commit (the caller's transaction may be gone,
+    /// the evidence must not be) and builds the error.
+    async fn fence_refused(
+        &self,
+        t: &Tables,
+        resource: &str,
+        lease: &Lease,
+        last: FencingToken,
+        now: Millis,
+    ) -> LeaseError {
+        let event = LeaseEvent::of_caller(
+            LeaseEventKind::FencedWriteRejected,
+            now,
+            &lease.name,
+            &lease.owner,
+            lease.token,
+        )
+        .with_detail(format!("resource {resource} accepted token {last}"));
+        if let Err(e) = record(&self.pool, t, &event).await {
+            // The write is refused either way; the caller still learns why.
+            tracing::error!(error = %e, lease = %lease.name, resource, "fenced-write evidence not recorded");
+        }
+        tracing::warn!(
+            lease = %lease.name, owner = %lease.owner, token = %lease.token,
+            resource, last_accepted = %last, "fenced write rejected"
+        );
+        LeaseError::from(Fenced {
+            resource: resource.to_owned(),
+            name: lease.name.clone(),
+            owner: lease.owner.clone(),
+            token: lease.token,
+            last_accepted: last,
+        })
+    }
+
+    /// Runs `write` in a transaction only if `lease.token` passes the fence of
+    /// `resource` (see [`fence_accepts`]); the fence then remembers the token and
+    /// commits with the write. An older token gets `LeaseError::Fenced` (converted into
+    /// `E`), nothing of the write runs, and a `fenced_write_rejected` event is recorded
+    /// under the lease's name. An error from `write` rolls everything back, the fence
+    /// included. Concurrent writes to one resource are serialized by the fence row's lock.
+    ///
+    /// The closure owns what it writes (the future borrows only the connection) and
+    /// writes through `tx` only.
+    ///
+    /// ```no_run
+    /// # use idem_core::{Lease, LeaseError};
+    /// # async fn demo(store: idem_postgres::PgStore, lease: Lease) -> Result<(), LeaseError> {
+    /// let event = 42_i64;
+    /// store
+    ///     .fenced_write("inventory:event-42", &lease, move |tx| {
+    ///         Box::pin(async move {
+    ///             sqlx::query("UPDATE inventory SET held = held - 1 WHERE event = $1")
+    ///                 .bind(event)
+    ///                 .execute(tx)
+    ///                 .await
+    ///                 .map_err(|e| LeaseError::Backend(e.to_string()))?;
+    ///             Ok(())
+    ///         })
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub async fn fenced_write<T, E, F>(
+        &self,
+        resource: &str,
+        lease: &Lease,
+        write: F,
+    ) -> Result<T, E>
+    where
+        E: From<LeaseError>,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> FencedWriteFuture<'c, T, E>,
+    {
+        if resource.is_empty() {
+            return Err(LeaseError::InvalidInput("fenced resource name is empty".into()).into());
+        }
+        let t = self.lease_tables();
+        let mut tx = self.begin_lease().await?;
+        match self.take_fence(&mut tx, &t, resource, lease).await? {
+            Ok(()) => {
+                let out = write(&mut tx).await?;
+                tx.commit().await.map_err(lerr("fenced write commit"))?;
+                Ok(out)
+            }
+            Err((last, now)) => {
+                tx.rollback().await.map_err(lerr("fenced write rollback"))?;
+                Err(self
+                    .fence_refused(&t, resource, lease, last, now)
+                    .await
+                    .into())
+            }
+        }
+    }
+
+    /// The fence inside the caller's transaction (`conn` is typically `&mut *tx`), for a
+    /// service that writes its business rows itself: `Ok` means the token passed and the
+    /// fence remembers it when the caller commits; the fence row stays locked until
+    /// then. `LeaseError::Fenced` means an older token: the fence wrote nothing, a
+    /// `fenced_write_rejected` event was recorded in its own commit, and the caller must
+    /// not write (roll back).
+    pub async fn fence_in_tx(
+        &self,
+        conn: &mut PgConnection,
+        resource: &str,
+        lease: &Lease,
+    ) -> Result<(), LeaseError> {
+        let t = self.lease_tables();
+        match self.take_fence(conn, &t, resource, lease).await? {
+            Ok(()) => Ok(()),
+            Err((last, now)) => Err(self.fence_refused(&t, resource, lease, last, now).await),
+        }
+    }
+}
+
+/// Leases whose tokens come from a per-name counter row that is never deleted or
+/// lowered (enforced by a trigger), changed under that row's lock in one transaction
+/// with the lease row and its evidence; times from the database clock. Tokens never go
+/// back as far as committed transactions survive (use synchronous replication if a
+/// failover must not lose a grant).
+#[async_trait]
+impl LeaseStore for PgStore {
+    async fn try_acquire(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Acquire, LeaseError> {
+        check_ttl(ttl)?;
+        let t = self.lease_tables();
+        // A live holder is answered from a plain read, without the lock: contenders
+        // polling a held lease do not queue behind each other.
+        let snap = snapshot(&self.pool, &self.clock, &t, name).await?;
+        if let Some(holder) = snap.lease.filter(|l| l.is_live(snap.now)) {
+            return Ok(Acquire::Held {
+                holder,
+                now: snap.now,
+            });
+        }
+
+        let mut tx = self.begin_lease().await?;
+        let (counter, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
+        let current = locked_lease(&mut tx, &t, name).await?;
+        if let Some(holder) = current.as_ref().filter(|l| l.is_live(now)) {
+            let holder = holder.clone();
+            tx.rollback().await.map_err(lerr("lease rollback"))?;
+            return Ok(Acquire::Held { holder, now });
+        }
+        // The row's token counts too, in case the counter was ever behind it.
+        let prior = counter.max(current.as_ref().map_or(0, |l| l.token.get()));
+        if let Some(expired) = &current {
+            record(
+                &mut *tx,
+                &t,
+                &LeaseEvent::of_lease(LeaseEventKind::Expired, now, expired),
+            )
+            .await?;
+        }
+        let lease = Lease {
+            name: name.clone(),
+            owner: owner.clone(),
+            token: FencingToken::new(prior + 1),
+            acquired_at: now,
+            expires_at: now.saturating_add(lease_ms(ttl)),
+            renewals: 0,
+        };
+        // One statement: counter, lease row (replacing an expired one) and evidence.
+        sqlx::query(&format!(
+            "WITH counter AS ( \
+               UPDATE {tokens} SET last_token = $2 WHERE name = $1 \
+             ), lease AS ( \
+               INSERT INTO {leases} (name, owner, token, acquired_at, expires_at, renewals) \
+               VALUES ($1, $3, $2, $4, $5, 0) \
+               ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
+                 token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, \
+                 expires_at = EXCLUDED.expires_at, renewals = 0 \
+             ) \
+             INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
+             VALUES ($1, $6, $4, $3, $2, $4, $5)",
+            tokens = t.tokens,
+            leases = t.leases,
+            events = t.events,
+        ))
+        .bind(name.as_str())
+        .bind(lease.token.get())
+        .bind(owner.as_str())
+        .bind(lease.acquired_at)
+        .bind(lease.expires_at)
+        .bind(LeaseEventKind::Acquired.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(lerr("lease grant"))?;
+        tx.commit().await.map_err(lerr("lease commit"))?;
+        tracing::debug!(lease = %name, %owner, token = %lease.token, "lease granted");
+        Ok(Acquire::Granted(lease))
+    }
+
+    async fn renew(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Renew, LeaseError> {
+        check_ttl(ttl)?;
+        let t = self.lease_tables();
+        let mut tx = self.begin_lease().await?;
+        let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
+        let answer = match locked_lease(&mut tx, &t, name).await? {
+            Some(mut lease) if holds(&lease, owner, token, now) => {
+                lease.expires_at = now.saturating_add(lease_ms(ttl));
+                lease.renewals += 1;
+                sqlx::query(&format!(
+                    "UPDATE {leases} SET expires_at = $2, renewals = $3 WHERE name = $1",
+                    leases = t.leases,
+                ))
+                .bind(name.as_str())
+                .bind(lease.expires_at)
+                .bind(i32::try_from(lease.renewals).unwrap_or(i32::MAX))
+                .execute(&mut *tx)
+                .await
+                .map_err(lerr("lease renew"))?;
+                record(
+                    &mut *tx,
+                    &t,
+                    &LeaseEvent::of_lease(LeaseEventKind::Renewed, now, &lease),
+                )
+                .await?;
+                Renew::Renewed(lease)
+            }
+            other => {
+                let current = settle_expired(&mut tx, &t, other, now).await?;
+                let event =
+                    LeaseEvent::of_caller(LeaseEventKind::RenewRejected, now, name, owner, token)
+                        .with_detail(holder_detail(current.as_ref()));
+                record(&mut *tx, &t, &event).await?;
+                Renew::NotHolder { current }
+            }
+        };
+        tx.commit().await.map_err(lerr("lease commit"))?;
+        Ok(answer)
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+    ) -> Result<Release, LeaseError> {
+        let t = self.lease_tables();
+        let mut tx = self.begin_lease().await?;
+        let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
+        let answer = match locked_lease(&mut tx, &t, name).await? {
+            Some(lease) if holds(&lease, owner, token, now) => {
+                delete_lease(&mut tx, &t, name).await?;
+                record(
+                    &mut *tx,
+                    &t,
+                    &LeaseEvent::of_lease(LeaseEventKind::Released, now, &lease),
+                )
+                .await?;
+                Release::Released {
+                    lease,
+                    released_at: now,
+                }
+            }
+            other => {
+                let current = settle_expired(&mut tx, &t, other, now).await?;
+                let detail = holder_detail(current.as_ref());
+                tracing::warn!(
+                    lease = %name, %owner, %token, current = %detail,
+                    "owner-mismatch release: the caller no longer held the lease"
+                );
+                let event = LeaseEvent::of_caller(
+                    LeaseEventKind::ReleaseOwnerMismatch,
+                    now,
+                    name,
+                    owner,
+                    token,
+                )
+                .with_detail(detail);
+                record(&mut *tx, &t, &event).await?;
+                Release::NotHolder { current }
+            }
+        };
+        tx.commit().await.map_err(lerr("lease commit"))?;
+        Ok(answer)
+    }
+
+    async fn force_release(
+        &self,
+        name: &LeaseName,
+        reason: &str,
+    ) -> Result<Option<Lease>, LeaseError> {
+        check_reason(reason)?;
+        let t = self.lease_tables();
+        let mut tx = self.begin_lease().await?;
+        let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
+        let current = locked_lease(&mut tx, &t, name).await?;
+        let removed = settle_expired(&mut tx, &t, current, now).await?;
+        let event = match &removed {
+            Some(lease) => {
+                delete_lease(&mut tx, &t, name).await?;
+                LeaseEvent::of_lease(LeaseEventKind::ForceReleased, now, lease)
+            }
+            None => LeaseEvent::new(name, LeaseEventKind::ForceReleased, now),
+        };
+        record(&mut *tx, &t, &event.with_detail(reason)).await?;
+        tx.commit().await.map_err(lerr("lease commit"))?;
+        tracing::warn!(lease = %name, reason, removed = ?removed, "lease force-released");
+        Ok(removed)
+    }
+
+    async fn show(&self, name: &LeaseName) -> Result<LeaseStatus, LeaseError> {
+        let t = self.lease_tables();
+        let snap = snapshot(&self.pool, &self.clock, &t, name).await?;
+        Ok(LeaseStatus {
+            name: name.clone(),
+            holder: snap.lease.filter(|l| l.is_live(snap.now)),
+            last_token: snap.last_token,
+            now: snap.now,
+        })
+    }
+
+    async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError> {
+        let t = self.lease_tables();
+        let rows = sqlx::query(&format!(
+            "SELECT kind, at, owner, token, acquired_at, expires_at, detail FROM ( \
+               SELECT * FROM {events} WHERE name = $1 ORDER BY id DESC LIMIT $2) e \
+             ORDER BY id",
+            events = t.events,
+        ))
+        .bind(name.as_str())
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(lerr("lease events"))?;
+        let e = lerr("lease events");
+        rows.iter()
+            .map(|row| {
+                let kind: String = row.try_get("kind").map_err(&e)?;
+                let owner: Option<String> = row.try_get("owner").map_err(&e)?;
+                let token: Option<i64> = row.try_get("token").map_err(&e)?;
+                Ok(LeaseEvent {
+                    name: name.clone(),
+                    kind: kind.parse().map_err(|e| bad_row("kind", e))?,
+                    at: row.try_get("at").map_err(&e)?,
+                    owner: owner
+                        .map(OwnerId::new)
+                        .transpose()
+                        .map_err(|e| bad_row("owner", e))?,
+                    token: token.map(FencingToken::new),
+                    acquired_at: row.try_get("acquired_at").map_err(&e)?,
+                    expires_at: row.try_get("expires_at").map_err(&e)?,
+                    detail: row.try_get("detail").map_err(&e)?,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_follow_the_schema() {
+        let t = Tables::of(Some("idem_x"));
+        assert_eq!(t.leases, "\"idem_x\".idem_leases");
+        assert_eq!(t.tokens, "\"idem_x\".idem_lease_tokens");
+        let t = Tables::of(None);
+        assert_eq!(t.events, "idem_lease_events");
+        assert_eq!(t.fences, "idem_fences");
+    }
+
+    #[test]
+    fn migration_lists_every_event_kind() {
+        for kind in LeaseEventKind::ALL {
+            assert!(
+                MIGRATION_SQL.contains(&format!("'{}'", kind.as_str())),
+                "{kind} missing from the CHECK"
+            );
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The lease conformance suite on PostgreSQL: a fresh schema per scenario (dropped with
+//! the harness). The protected resource is a table in the same schema, written through
+//! `PgStore::fenced_write`.
+
+mod common;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use common::PgHarness;
+use idem_conformance::lease::LeaseHarness;
+use idem_core::{ClockShift, FencingToken, Lease, LeaseError, LeaseName, LeaseStore, OwnerId};
+use idem_postgres::PgStore;
+use sqlx::Executor;
+use tokio::sync::OnceCell;
+
+struct PgLeaseHarness {
+    /// The handle the resource and the failover hook use; `open` gives fresh ones.
+    /// Declared first so its pool goes before the schema is dropped.
+    side: OnceCell<PgStore>,
+    pg: PgHarness,
+}
+
+impl PgLeaseHarness {
+    fn resource_table(&self) -> String {
+        format!("\"{}\".protected_resource", self.pg.schema)
+    }
+
+    async fn side(&self) -> &PgStore {
+        self.side
+            .get_or_init(|| async {
+                let store = self.pg.store().await;
+                store
+                    .pool()
+                    .execute(
+                        format!(
+                            "CREATE TABLE IF NOT EXISTS {} \
+                             (resource text PRIMARY KEY, value text NOT NULL, token bigint NOT NULL)",
+                            self.resource_table()
+                        )
+                        .as_str(),
+                    )
+                    .await
+                    .expect("resource table");
+                store
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl LeaseHarness for PgLeaseHarness {
+    async fn open(&self) -> Arc<dyn LeaseStore> {
+        Arc::new(self.pg.store().await)
+    }
+
+    fn clock(&self) -> &ClockShift {
+        &self.pg.clock
+    }
+
+    async fn lose_lease(&self, name: &LeaseName) {
+        // The lease row only: the token counter commits with it (and cannot be deleted).
+        let sql = format!(
+            "DELETE FROM \"{}\".idem_leases WHERE name = $1",
+            self.pg.schema
+        );
+        sqlx::query(&sql)
+            .bind(name.as_str())
+            .execute(self.side().await.pool())
+            .await
+            .expect("delete lease row");
+    }
+
+    async fn fenced_write(
+        &self,
+        resource: &str,
+        lease: &Lease,
+        value: &str,
+    ) -> Result<(), LeaseError> {
+        let sql = format!(
+            "INSERT INTO {} (resource, value, token) VALUES ($1, $2, $3) \
+             ON CONFLICT (resource) DO UPDATE SET value = EXCLUDED.value, token = EXCLUDED.token",
+            self.resource_table()
+        );
+        let (resource_owned, value, token) = (resource.to_owned(), value.to_owned(), lease.token);
+        self.side()
+            .await
+            .fenced_write(resource, lease, move |tx| {
+                Box::pin(async move {
+                    sqlx::query(&sql)
+                        .bind(resource_owned)
+                        .bind(value)
+                        .bind(token.get())
+                        .execute(tx)
+                        .await
+                        .map_err(|e| LeaseError::Backend(e.to_string()))?;
+                    Ok(())
+                })
+            })
+            .await
+    }
+
+    async fn resource_value(&self, resource: &str) -> Option<String> {
+        sqlx::query_scalar(&format!(
+            "SELECT value FROM {} WHERE resource = $1",
+            self.resource_table()
+        ))
+        .bind(resource)
+        .fetch_optional(self.side().await.pool())
+        .await
+        .expect("read resource")
+    }
+}
+
+async fn harness() -> Option<PgLeaseHarness> {
+    Some(PgLeaseHarness {
+        side: OnceCell::new(),
+        pg: common::harness().await?,
+    })
+}
+
+idem_conformance::lease_tests!(harness());
+
+fn lease(name: &LeaseName, owner: &str, token: i64) -> Lease {
+    Lease {
+        name: name.clone(),
+        owner: OwnerId::new(owner).unwrap(),
+        token: FencingToken::new(token),
+        acquired_at: 0,
+        expires_at: 0,
+        renewals: 0,
+    }
+}
+
+/// The counter is the schema's invariant, not only the code's: it can be neither
+/// deleted, truncated nor lowered by hand.
+#[tokio::test]
+async fn token_counter_cannot_go_back() {
+    let Some(h) = harness().await else { return };
+    let store = h.open().await;
+    let name = idem_conformance::lease::fresh_name("guard");
+    let a = store
+        .try_acquire(
+            &name,
+            &OwnerId::new("A").unwrap(),
+            std::time::Duration::from_secs(3),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let mut admin = h.pg.admin().await;
+    for sql in [
+        "DELETE FROM idem_lease_tokens WHERE name = $1",
+        "UPDATE idem_lease_tokens SET last_token = last_token - 1 WHERE name = $1",
+        "TRUNCATE idem_lease_tokens",
+    ] {
+        let err = sqlx::query(sql)
+            .bind(name.as_str())
+            .execute(&mut admin)
+            .await
+            .expect_err(sql);
+        assert!(
+            err.to_string().contains("idem_lease_tokens"),
+            "{sql}: {err}"
+        );
+    }
+    assert_eq!(store.show(&name).await.unwrap().last_token, Some(a.token));
+}
+
+/// `fence_in_tx` fences inside the caller's transaction: the fence commits (or rolls
+/// back) with the caller's write, and an older token is refused with evidence.
+#[tokio::test]
+async fn fence_in_callers_transaction() {
+    let Some(h) = harness().await else { return };
+    let store = h.side().await.clone();
+    let name = idem_conformance::lease::fresh_name("in-tx");
+    let resource = format!("res-{name}");
+
+    // Token 5 passes but the caller rolls back: the fence forgets it.
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .fence_in_tx(&mut tx, &resource, &lease(&name, "A", 5))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    store
+        .fence_in_tx(&mut tx, &resource, &lease(&name, "B", 3))
+        .await
+        .expect("token 5 was rolled back with its transaction");
+    tx.commit().await.unwrap();
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let err = store
+        .fence_in_tx(&mut tx, &resource, &lease(&name, "A", 2))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.fenced().map(|f| f.last_accepted),
+        Some(FencingToken::new(3))
+    );
+    tx.rollback().await.unwrap();
+    let events = store.events(&name, 10).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].token, Some(FencingToken::new(2)));
+    assert!(events[0].detail.as_deref().unwrap().contains(&resource));
+
+    let err = store
+        .fenced_write::<(), LeaseError, _>("", &lease(&name, "A", 9), |_| {
+            Box::pin(async { Ok(()) })
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), idem_core::ErrorKind::InvalidInput);
+}
+
+/// Migrating twice applies the lease tables once.
+#[tokio::test]
+async fn lease_migration_is_version_2() {
+    let Some(h) = harness().await else { return };
+    let store = h.pg.store().await;
+    assert!(store.migrate().await.unwrap().is_empty());
+    let mut admin = h.pg.admin().await;
+    let name: String =
+        sqlx::query_scalar("SELECT name FROM idem_schema_migrations WHERE version = 2")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(name, "idem_leases");
+}

@@ -1,0 +1,583 @@
+//! idem-sweep: the sweeper. Storage cost goes down through tiers and digests — never by
+//! forgetting evidence that is still valid (BRIEF §6).
+//!
+//! One [`Sweeper::run`]:
+//! 1. takes the lease `idem.sweeper` (when a [`LeaseStore`] is given) and keeps it alive;
+//!    a second sweeper finds it held and does nothing;
+//! 2. **stale scan**: PROCESSING records whose lease ended are turned FAILED_RETRYABLE
+//!    (compare-and-set; an event per record in the store, a metric, a tracing warning) —
+//!    never deleted. The old owner's late finish then fails as superseded;
+//! 3. **tiers**, in order retry → replay → dispute → archive: terminal records past their
+//!    window move one tier down, in batches, each batch one transaction of
+//!    compare-and-sets. A record whose result has a pending compensation (the
+//!    application's [`CompensationCheck`]) is skipped. A record old enough walks several
+//!    tiers in one run (each tier's scan sees what the previous one demoted);
+//! 4. **archive expiry** when the policy has an archive window.
+//!
+//! Safety: every write is a compare-and-set on the record's version (and tier), so two
+//! sweepers without the lease, or a rerun after a crash in the middle of a batch, reach
+//! the same final state; the lease only saves the duplicated work.
+//!
+//! Time: the sweep's `now` is the store's clock unless given (`idem sweep --now`); it is
+//! passed explicitly to every scan. The stale scan never uses a time ahead of the store
+//! clock: a lease is judged by the store, not by an operator's flag.
+//!
+//! It must not delete an online record except by archiving it, and never touches
+//! business rows.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::retention::{
+    dropped_digest, dropped_response, dropped_result, result_digest, ArchivedRecord,
+    CompensationCheck, Demotion, DueRecord, NoCompensation, RetentionPolicy, RetentionStore,
+    StaleRecord, Tier,
+};
+use idem_core::{LeaseName, LeaseStore, Millis, OwnerId, StoreError};
+use idem_lease::{Acquired, LeaseGuard, LeaseMetrics};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+pub mod bench;
+pub mod config;
+pub mod metrics;
+
+pub use metrics::SweepMetrics;
+
+/// The lease every sweeper of one store takes.
+pub const LEASE_NAME: &str = "idem.sweeper";
+/// How long the lease lasts between renewals (renewed every third).
+pub const LEASE_TTL: Duration = Duration::from_secs(30);
+/// Default records per batch (one transaction each).
+pub const DEFAULT_BATCH: usize = 500;
+/// Stale recoveries listed in a report (all are counted and stored as events).
+const REPORTED_EVENTS: usize = 100;
+
+/// What one run should do.
+#[derive(Debug, Clone, Default)]
+pub struct SweepOptions {
+    /// Count what would move, write nothing. Each tier is counted as it stands (a
+    /// record due for two tiers is counted once, in its current tier).
+    pub dry_run: bool,
+    /// The sweep's notion of now (epoch ms); `None`: the store's clock.
+    pub now: Option<Millis>,
+    /// Show a progress bar (only drawn when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// How the run ended with respect to the lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum LeaseOutcome {
+    /// No lease store given: compare-and-sets alone keep concurrent sweeps safe.
+    NotUsed,
+    Held {
+        token: i64,
+    },
+    /// Another sweeper holds it: this run did nothing.
+    Busy {
+        holder: String,
+    },
+    /// The lease was lost mid-run: the run stopped after the batch in flight.
+    Lost {
+        token: i64,
+    },
+}
+
+/// A stale PROCESSING record turned FAILED_RETRYABLE.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StaleEvent {
+    pub tenant: String,
+    pub key: String,
+    pub owner: Option<String>,
+    pub lease_expires_at: Millis,
+}
+
+/// What a run did. `transitions` counts per transition (`retry->replay`, …,
+/// `processing->failed_retryable`): in a dry run, what would have moved.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SweepReport {
+    pub backend: String,
+    pub now: Millis,
+    pub dry_run: bool,
+    pub lease: LeaseOutcome,
+    pub transitions: BTreeMap<String, u64>,
+    /// Records left in their tier because compensation is pending, per source tier.
+    pub skipped_pending_compensation: BTreeMap<String, u64>,
+    /// Demotions that lost a compare-and-set (a concurrent sweeper or claim moved the
+    /// record first): nothing was changed by them.
+    pub lost_races: u64,
+    pub archive_rows_expired: u64,
+    pub archive_partitions_dropped: Vec<String>,
+    pub batches: u64,
+    pub elapsed_ms: u64,
+    /// The first stale recoveries (all are in the store's event table).
+    pub stale_events: Vec<StaleEvent>,
+}
+
+impl SweepReport {
+    fn new(backend: &str, now: Millis, dry_run: bool) -> Self {
+        let mut transitions = BTreeMap::new();
+        for t in Tier::ONLINE {
+            transitions.insert(transition(t), 0);
+        }
+        transitions.insert(STALE.to_string(), 0);
+        Self {
+            backend: backend.to_string(),
+            now,
+            dry_run,
+            lease: LeaseOutcome::NotUsed,
+            transitions,
+            skipped_pending_compensation: BTreeMap::new(),
+            lost_races: 0,
+            archive_rows_expired: 0,
+            archive_partitions_dropped: Vec::new(),
+            batches: 0,
+            elapsed_ms: 0,
+            stale_events: Vec::new(),
+        }
+    }
+
+    /// Records moved (or, dry, due) out of `tier`.
+    pub fn moved(&self, from: Tier) -> u64 {
+        self.transitions
+            .get(&transition(from))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn stale_recovered(&self) -> u64 {
+        self.transitions.get(STALE).copied().unwrap_or(0)
+    }
+
+    /// Every transition summed.
+    pub fn total(&self) -> u64 {
+        self.transitions.values().sum()
+    }
+}
+
+const STALE: &str = "processing->failed_retryable";
+
+/// The report key of a transition out of `from`.
+pub fn transition(from: Tier) -> String {
+    format!("{}->{}", from, from.next().map_or("-", |t| t.as_str()))
+}
+
+/// The sweeper of one store.
+#[derive(Clone)]
+pub struct Sweeper {
+    store: Arc<dyn RetentionStore>,
+    policy: RetentionPolicy,
+    compensation: Arc<dyn CompensationCheck>,
+    lease: Option<Arc<dyn LeaseStore>>,
+    lease_metrics: LeaseMetrics,
+    metrics: SweepMetrics,
+    batch: usize,
+    pause: Duration,
+    owner: OwnerId,
+}
+
+impl std::fmt::Debug for Sweeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweeper")
+            .field("backend", &self.store.backend())
+            .field("policy", &self.policy)
+            .field("batch", &self.batch)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sweeper {
+    /// A sweeper with no compensation check, no lease, default batches. The policy is
+    /// taken as given: validate it at start-up ([`RetentionPolicy::validate`]).
+    pub fn new(store: Arc<dyn RetentionStore>, policy: RetentionPolicy) -> Self {
+        Self {
+            store,
+            policy,
+            compensation: Arc::new(NoCompensation),
+            lease: None,
+            lease_metrics: LeaseMetrics::default(),
+            metrics: SweepMetrics::default(),
+            batch: DEFAULT_BATCH,
+            pause: Duration::ZERO,
+            owner: OwnerId::new(format!("sweeper-{}", uuid::Uuid::now_v7().simple()))
+                .expect("visible ASCII"),
+        }
+    }
+
+    pub fn with_compensation(mut self, check: Arc<dyn CompensationCheck>) -> Self {
+        self.compensation = check;
+        self
+    }
+
+    /// Guards runs with the lease [`LEASE_NAME`] in `leases`.
+    pub fn with_lease(mut self, leases: Arc<dyn LeaseStore>, metrics: LeaseMetrics) -> Self {
+        self.lease = Some(leases);
+        self.lease_metrics = metrics;
+        self
+    }
+
+    pub fn with_metrics(mut self, metrics: SweepMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Records per batch (each one transaction), at least 1.
+    pub fn with_batch(mut self, batch: usize) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// A pause between batches, so claims are never queued behind a long sweep.
+    pub fn with_pause(mut self, pause: Duration) -> Self {
+        self.pause = pause;
+        self
+    }
+
+    pub fn with_owner(mut self, owner: OwnerId) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    pub fn policy(&self) -> &RetentionPolicy {
+        &self.policy
+    }
+
+    pub fn metrics(&self) -> &SweepMetrics {
+        &self.metrics
+    }
+
+    /// One sweep. See the crate docs for the order of work.
+    pub async fn run(&self, options: &SweepOptions) -> Result<SweepReport, StoreError> {
+        let started = Instant::now();
+        let store_now = self.store.now().await?;
+        let now = options.now.unwrap_or(store_now);
+        let mut report = SweepReport::new(self.store.backend(), now, options.dry_run);
+
+        let guard = match &self.lease {
+            None => None,
+            Some(leases) => {
+                let name = LeaseName::new(LEASE_NAME).expect("valid lease name");
+                match LeaseGuard::acquire(
+                    leases.clone(),
+                    &name,
+                    &self.owner,
+                    LEASE_TTL,
+                    Duration::ZERO,
+                    self.lease_metrics.clone(),
+                )
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("sweeper lease: {e}")))?
+                {
+                    Acquired::Guard(g) => {
+                        report.lease = LeaseOutcome::Held {
+                            token: g.lease().token.get(),
+                        };
+                        Some(g)
+                    }
+                    Acquired::Busy { holder, .. } => {
+                        report.lease = LeaseOutcome::Busy {
+                            holder: holder.owner.to_string(),
+                        };
+                        report.elapsed_ms = elapsed_ms(started);
+                        return Ok(report);
+                    }
+                }
+            }
+        };
+
+        let progress = Progress::new(options.progress);
+        let outcome = self
+            .sweep(
+                &mut report,
+                now,
+                store_now,
+                options.dry_run,
+                guard.as_ref(),
+                &progress,
+            )
+            .await;
+        progress.finish(&report);
+        if let Some(g) = guard {
+            if let Err(e) = g.release().await {
+                tracing::warn!(error = %e, "could not release the sweeper lease");
+            }
+        }
+        report.elapsed_ms = elapsed_ms(started);
+        outcome.map(|()| report)
+    }
+
+    async fn sweep(
+        &self,
+        report: &mut SweepReport,
+        now: Millis,
+        store_now: Millis,
+        dry_run: bool,
+        guard: Option<&LeaseGuard>,
+        progress: &Progress,
+    ) -> Result<(), StoreError> {
+        let lease_ok = |report: &mut SweepReport| -> bool {
+            match guard {
+                Some(g) if !g.is_valid() => {
+                    tracing::warn!("sweeper lease lost; stopping after the batch in flight");
+                    report.lease = LeaseOutcome::Lost {
+                        token: g.lease().token.get(),
+                    };
+                    false
+                }
+                _ => true,
+            }
+        };
+
+        // Stale PROCESSING: judged by the store clock, never a later `--now`.
+        let lease_before = now
+            .min(store_now)
+            .saturating_sub(idem_core::retention::millis(self.policy.stale_grace));
+        progress.phase("stale");
+        loop {
+            if !lease_ok(report) {
+                return Ok(());
+            }
+            let stale = self.store.scan_stale(lease_before, self.batch).await?;
+            if stale.is_empty() {
+                break;
+            }
+            let full = stale.len() == self.batch;
+            let recovered = if dry_run {
+                stale
+            } else {
+                self.store.recover_stale(&stale, lease_before, now).await?
+            };
+            for s in &recovered {
+                self.record_stale(report, s, dry_run);
+            }
+            *report.transitions.entry(STALE.to_string()).or_default() += recovered.len() as u64;
+            report.batches += 1;
+            progress.add(recovered.len() as u64);
+            // A dry run changes nothing, so the next scan would return the same rows.
+            if dry_run || !full {
+                break;
+            }
+            self.between_batches().await;
+        }
+
+        for tier in Tier::ONLINE {
+            let cutoff = self
+                .policy
+                .cutoff(tier, now)
+                .expect("online tiers have windows");
+            progress.phase(tier.as_str());
+            let mut cursor = None;
+            loop {
+                if !lease_ok(report) {
+                    return Ok(());
+                }
+                let due = self
+                    .store
+                    .scan_due(tier, cutoff, cursor.as_ref(), self.batch)
+                    .await?;
+                let Some(last) = due.last() else { break };
+                cursor = Some(last.cursor());
+                let full = due.len() == self.batch;
+                let mut batch = Vec::with_capacity(due.len());
+                for d in &due {
+                    if self.pending(d).await? {
+                        *report
+                            .skipped_pending_compensation
+                            .entry(tier.as_str().to_string())
+                            .or_default() += 1;
+                        self.metrics.skipped_pending(tier);
+                        continue;
+                    }
+                    batch.push(demotion(d));
+                }
+                let applied = if dry_run || batch.is_empty() {
+                    batch.len() as u64
+                } else {
+                    self.store.demote(tier, &batch, now).await?
+                };
+                let lost = batch.len() as u64 - applied.min(batch.len() as u64);
+                report.lost_races += lost;
+                *report.transitions.entry(transition(tier)).or_default() += applied;
+                if !dry_run {
+                    self.metrics.transitions(tier, applied);
+                }
+                report.batches += 1;
+                progress.add(applied);
+                if !full {
+                    break;
+                }
+                self.between_batches().await;
+            }
+        }
+
+        if let Some(window) = self.policy.archive_window {
+            progress.phase("archive expiry");
+            if !lease_ok(report) {
+                return Ok(());
+            }
+            if !dry_run {
+                let before = now.saturating_sub(idem_core::retention::millis(window));
+                let expired = self.store.expire_archive(before).await?;
+                report.archive_rows_expired = expired.rows;
+                report.archive_partitions_dropped = expired.partitions_dropped;
+                self.metrics.archive_expired(expired.rows);
+            }
+        }
+        Ok(())
+    }
+
+    fn record_stale(&self, report: &mut SweepReport, s: &StaleRecord, dry_run: bool) {
+        if !dry_run {
+            tracing::warn!(
+                scope = %s.scope,
+                owner = ?s.owner.as_ref().map(|o| o.as_str()),
+                lease_expires_at = s.lease_expires_at,
+                "stale PROCESSING record turned FAILED_RETRYABLE"
+            );
+            self.metrics.stale_recovered();
+        }
+        if report.stale_events.len() < REPORTED_EVENTS {
+            report.stale_events.push(StaleEvent {
+                tenant: s.scope.tenant.to_string(),
+                key: s.scope.key.to_string(),
+                owner: s.owner.as_ref().map(ToString::to_string),
+                lease_expires_at: s.lease_expires_at,
+            });
+        }
+    }
+
+    async fn pending(&self, d: &DueRecord) -> Result<bool, StoreError> {
+        match d
+            .record
+            .result
+            .as_ref()
+            .and_then(|r| r.result_ref.as_deref())
+        {
+            Some(r) => self.compensation.pending(&d.record.tenant, r).await,
+            None => Ok(false),
+        }
+    }
+
+    async fn between_batches(&self) {
+        if self.pause.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(self.pause).await;
+        }
+    }
+
+    /// Runs a sweep every `every` until the returned handle is dropped or aborted: the
+    /// background task of `idem serve`. Errors are logged and retried next round; the
+    /// lease keeps several instances from sweeping at once.
+    pub fn spawn(self, every: Duration) -> BackgroundSweep {
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match self.run(&SweepOptions::default()).await {
+                    Ok(r) => tracing::info!(
+                        moved = r.total(),
+                        lease = ?r.lease,
+                        elapsed_ms = r.elapsed_ms,
+                        "sweep finished"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "sweep failed; retrying next round"),
+                }
+            }
+        });
+        BackgroundSweep { task }
+    }
+}
+
+/// The background sweep task; dropping it stops the task.
+#[derive(Debug)]
+pub struct BackgroundSweep {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for BackgroundSweep {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The compare-and-set that moves `d` one tier down.
+pub fn demotion(d: &DueRecord) -> Demotion {
+    let rec = &d.record;
+    let (result, archive) = match d.tier {
+        // Drop the response; keep status, reference and a digest of what was dropped.
+        Tier::Retry => (
+            rec.result.as_ref().map(|r| match dropped_digest(r) {
+                Some(digest) => dropped_result(r, digest, Tier::Replay),
+                None => dropped_result(r, result_digest(r), Tier::Replay),
+            }),
+            None,
+        ),
+        Tier::Replay => (
+            rec.result.as_ref().map(|r| {
+                let digest = dropped_digest(r).unwrap_or_else(|| result_digest(r));
+                dropped_result(r, digest, Tier::Dispute)
+            }),
+            None,
+        ),
+        Tier::Dispute | Tier::Archive => (None, Some(ArchivedRecord::of(rec))),
+    };
+    debug_assert!(result
+        .as_ref()
+        .is_none_or(|r| dropped_response(r).is_some()));
+    Demotion {
+        scope: idem_core::Scope::new(rec.tenant.clone(), rec.key.clone()),
+        version: rec.version,
+        result,
+        archive,
+    }
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A spinner with counts on a terminal; nothing otherwise.
+struct Progress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    fn new(wanted: bool) -> Self {
+        let bar = (wanted && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::new_spinner();
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} sweep [{elapsed}] {msg}: {pos} moved ({per_sec})",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            bar.enable_steady_tick(Duration::from_millis(120));
+            bar
+        });
+        Self { bar }
+    }
+
+    fn phase(&self, name: &str) {
+        if let Some(b) = &self.bar {
+            b.set_message(name.to_string());
+        }
+    }
+
+    fn add(&self, n: u64) {
+        if let Some(b) = &self.bar {
+            b.inc(n);
+        }
+    }
+
+    fn finish(&self, report: &SweepReport) {
+        if let Some(b) = &self.bar {
+            b.finish_with_message(format!("done ({} transitions)", report.total()));
+        }
+    }
+}

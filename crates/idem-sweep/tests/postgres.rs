@@ -1,0 +1,3 @@
+mod common;
+
+retention_tests!(common::postgres().await);

@@ -1,0 +1,3 @@
+mod common;
+
+retention_tests!(Some(common::sqlite().await));

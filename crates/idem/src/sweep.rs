@@ -1,0 +1,217 @@
+//! `idem sweep` and `idem bench sweep`: the retention sweeper from the command line.
+//!
+//! The policy comes from the environment (`idem_sweep::config`) and is validated before
+//! anything runs. SQLite and PostgreSQL are swept; Redis records expire by TTL (the
+//! retention window) and have nothing to sweep (see `idem_redis::retention`).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use idem_core::{IdempotencyStore, LeaseStore, Millis, RetentionStore, StoreError, Tier};
+use idem_postgres::{PgOptions, PgStore};
+use idem_sqlite::{SqliteOptions, SqliteStore};
+use idem_sweep::{SweepOptions, SweepReport, Sweeper};
+
+use crate::open::{backend_of, Backend};
+
+type Stores = (
+    Arc<dyn IdempotencyStore>,
+    Arc<dyn RetentionStore>,
+    Arc<dyn LeaseStore>,
+);
+
+fn redis_has_nothing_to_sweep() -> StoreError {
+    StoreError::InvalidInput(
+        "Redis records expire by TTL when their retention window ends; there are no tiers \
+         or archive to sweep there (see idem_redis::retention)"
+            .into(),
+    )
+}
+
+/// Opens the store behind `url` as claim, retention and lease store.
+pub async fn open(url: &str) -> Result<Stores, StoreError> {
+    match backend_of(url)? {
+        Backend::Sqlite => {
+            let s = Arc::new(SqliteStore::open(SqliteOptions::from_url(url)?).await?);
+            Ok((s.clone(), s.clone(), s))
+        }
+        Backend::Postgres => {
+            let s = PgStore::connect(url, PgOptions::default()).await?;
+            s.migrate().await?;
+            let s = Arc::new(s);
+            Ok((s.clone(), s.clone(), s))
+        }
+        Backend::Redis => Err(redis_has_nothing_to_sweep()),
+    }
+}
+
+/// Parses `--now` (RFC 3339) to epoch milliseconds.
+pub fn parse_now(text: &str) -> Result<Millis, StoreError> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| StoreError::InvalidInput(format!("--now {text:?}: {e} (use RFC 3339)")))
+}
+
+/// `idem sweep`.
+pub async fn run(
+    url: &str,
+    dry_run: bool,
+    now: Option<String>,
+    json: bool,
+) -> Result<ExitCode, StoreError> {
+    let (policy, _sources) = idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
+    let now = now.as_deref().map(parse_now).transpose()?;
+    let (_, retention, leases) = open(url).await?;
+    let sweeper =
+        Sweeper::new(retention, policy).with_lease(leases, idem_lease::LeaseMetrics::default());
+    let report = sweeper
+        .run(&SweepOptions {
+            dry_run,
+            now,
+            progress: !json,
+        })
+        .await?;
+    if json {
+        crate::print_json(&report);
+    } else {
+        print_human(&report);
+    }
+    Ok(match report.lease {
+        idem_sweep::LeaseOutcome::Busy { .. } | idem_sweep::LeaseOutcome::Lost { .. } => {
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+pub fn print_human(r: &SweepReport) {
+    let verb = if r.dry_run { "would move" } else { "moved" };
+    println!(
+        "sweep of {} as of {}{}",
+        r.backend,
+        crate::keys::rfc3339(r.now),
+        if r.dry_run { " (dry run)" } else { "" }
+    );
+    match &r.lease {
+        idem_sweep::LeaseOutcome::Busy { holder } => {
+            println!("  another sweeper ({holder}) holds the lease; nothing done");
+            return;
+        }
+        idem_sweep::LeaseOutcome::Lost { token } => {
+            println!("  lease (token {token}) lost mid-run; stopped after the batch in flight")
+        }
+        _ => {}
+    }
+    let mut order: Vec<String> = Tier::ONLINE
+        .iter()
+        .map(|t| idem_sweep::transition(*t))
+        .collect();
+    order.push("processing->failed_retryable".into());
+    for transition in order {
+        let n = r.transitions.get(&transition).copied().unwrap_or(0);
+        println!("  {transition:<30} {verb} {n}");
+    }
+    for (tier, n) in &r.skipped_pending_compensation {
+        println!("  kept in {tier} (compensation pending): {n}");
+    }
+    if r.lost_races > 0 {
+        println!("  lost to a concurrent writer: {}", r.lost_races);
+    }
+    if r.archive_rows_expired > 0 || !r.archive_partitions_dropped.is_empty() {
+        println!(
+            "  archive rows expired: {} (partitions dropped: {})",
+            r.archive_rows_expired,
+            r.archive_partitions_dropped.join(", ")
+        );
+    }
+    println!(
+        "  {} batches in {} ms; {} to the archive",
+        r.batches,
+        r.elapsed_ms,
+        r.moved(Tier::Dispute)
+    );
+}
+
+/// `idem bench sweep`.
+pub async fn bench(
+    url: &str,
+    records: u64,
+    concurrency: usize,
+    batch: usize,
+    json: bool,
+) -> Result<ExitCode, StoreError> {
+    let (store, retention, _tmp) = match backend_of(url)? {
+        Backend::Sqlite if url == crate::open::default_url() => {
+            let tmp = tempfile::tempdir()
+                .map_err(|e| StoreError::Unavailable(format!("temp dir: {e}")))?;
+            let s =
+                Arc::new(SqliteStore::open(SqliteOptions::new(tmp.path().join("sweep.db"))).await?);
+            (
+                s.clone() as Arc<dyn IdempotencyStore>,
+                s as Arc<dyn RetentionStore>,
+                Some(tmp),
+            )
+        }
+        Backend::Postgres => {
+            // A schema of its own, dropped when the bench ends.
+            let schema = format!("idem_bench_sweep_{}", uuid::Uuid::now_v7().simple());
+            let s = PgStore::connect(
+                url,
+                PgOptions {
+                    schema: Some(schema),
+                    max_connections: (concurrency + 4) as u32,
+                    ..PgOptions::default()
+                },
+            )
+            .await?;
+            s.migrate().await?;
+            let s = Arc::new(s);
+            let report = run_bench(s.clone(), s.clone(), records, concurrency, batch).await;
+            let dropped = sqlx::raw_sql(&format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                s.schema().unwrap_or_default()
+            ))
+            .execute(s.pool())
+            .await;
+            let report = report?;
+            dropped.map_err(|e| StoreError::Backend(format!("drop bench schema: {e}")))?;
+            print_bench(&report, json);
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {
+            let (s, r, _) = open(url).await?;
+            (s, r, None)
+        }
+    };
+    let report = run_bench(store, retention, records, concurrency, batch).await?;
+    print_bench(&report, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_bench(
+    store: Arc<dyn IdempotencyStore>,
+    retention: Arc<dyn RetentionStore>,
+    records: u64,
+    concurrency: usize,
+    batch: usize,
+) -> Result<idem_sweep::bench::BenchReport, StoreError> {
+    idem_sweep::bench::bench(
+        store,
+        retention,
+        idem_sweep::bench::BenchOptions {
+            records,
+            concurrency,
+            batch,
+            ..idem_sweep::bench::BenchOptions::default()
+        },
+    )
+    .await
+}
+
+fn print_bench(report: &idem_sweep::bench::BenchReport, json: bool) {
+    if json {
+        crate::print_json(report);
+    } else {
+        idem_sweep::bench::print_human(report);
+    }
+}
