@@ -81,3 +81,53 @@ pub fn print_human(v: &KeyView) {
     );
     println!("result ref    {}", opt(&v.result_ref));
 }
+
+#[derive(Serialize)]
+pub struct ArchivedView {
+    pub tenant: String,
+    pub tier: &'static str,
+    pub key_digest: String,
+    pub fingerprint: String,
+    pub result_digest: Option<String>,
+    pub result_ref: Option<String>,
+    pub state: String,
+    pub status: Option<u16>,
+    pub first_processed_at: String,
+    pub completed_at: Option<String>,
+    pub archived_at: String,
+}
+
+pub fn archived_view(a: &idem_core::ArchivedRecord) -> ArchivedView {
+    ArchivedView {
+        tenant: a.tenant.to_string(),
+        tier: "archive",
+        key_digest: hex_string(&a.key_digest),
+        fingerprint: a.fingerprint.to_hex(),
+        result_digest: a.result_digest.as_ref().map(|d| hex_string(d)),
+        result_ref: a.result_ref.clone(),
+        state: a.state.to_string(),
+        status: a.status,
+        first_processed_at: rfc3339(a.first_processed_at),
+        completed_at: a.completed_at.map(rfc3339),
+        archived_at: rfc3339(a.archived_at),
+    }
+}
+
+fn hex_string(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn print_archived(a: &idem_core::ArchivedRecord) {
+    let v = archived_view(a);
+    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    println!("tenant        {}", v.tenant);
+    println!("tier          archive (out of the online index; no replay)");
+    println!("key digest    {}", v.key_digest);
+    println!("state         {}", v.state);
+    println!("fingerprint   {}", v.fingerprint);
+    println!("result digest {}", opt(&v.result_digest));
+    println!("result ref    {}", opt(&v.result_ref));
+    println!("first seen    {}", v.first_processed_at);
+    println!("completed at  {}", opt(&v.completed_at));
+    println!("archived at   {}", v.archived_at);
+}

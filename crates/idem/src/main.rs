@@ -129,6 +129,16 @@ enum LockCommand {
 
 #[derive(Subcommand)]
 enum KeysCommand {
+    /// Audit lookup by order number (result reference) in the archive.
+    Audit {
+        /// The order number (result reference).
+        #[arg(long)]
+        order: String,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Show one record: state, version, owner, times, fingerprint, result reference.
     Show {
         key: String,
@@ -226,9 +236,52 @@ async fn run(command: Command, url: &str) -> Result<ExitCode, StoreError> {
                 Some(v) if json => print_json(&v),
                 Some(v) => keys::print_human(&v),
                 None => {
-                    eprintln!("no record for key {key} in tenant {tenant}");
-                    return Ok(ExitCode::FAILURE);
+                    // Past the online tiers the key may be in the archive.
+                    let archived = match open::open_archive(url).await? {
+                        Some(archive) => archive.archived(&tenant, &key).await?,
+                        None => None,
+                    };
+                    match archived {
+                        Some(a) if json => print_json(&keys::archived_view(&a)),
+                        Some(a) => keys::print_archived(&a),
+                        None => {
+                            eprintln!("no record for key {key} in tenant {tenant}");
+                            return Ok(ExitCode::FAILURE);
+                        }
+                    }
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Keys {
+            command:
+                KeysCommand::Audit {
+                    order,
+                    tenant,
+                    json,
+                },
+        } => {
+            let tenant = tenant
+                .map(TenantId::new)
+                .transpose()
+                .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+            let Some(archive) = open::open_archive(url).await? else {
+                return Err(StoreError::InvalidInput(
+                    "this store keeps no archive (Redis records only expire)".into(),
+                ));
+            };
+            let found = archive.archived_by_ref(tenant.as_ref(), &order).await?;
+            if json {
+                print_json(&found.iter().map(keys::archived_view).collect::<Vec<_>>());
+            } else {
+                for a in &found {
+                    keys::print_archived(a);
+                    println!();
+                }
+            }
+            if found.is_empty() {
+                eprintln!("no archived record refers to {order}");
+                return Ok(ExitCode::FAILURE);
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idem_core::{IdempotencyStore, LeaseStore, StoreError};
+use idem_core::{ArchiveLookup, IdempotencyStore, LeaseStore, StoreError};
 use idem_postgres::{PgOptions, PgStore};
 use idem_redis::{RedisOptions, RedisStore};
 use idem_sqlite::{SqliteOptions, SqliteStore};
@@ -68,6 +68,21 @@ pub async fn open_lease_store(url: &str) -> Result<Arc<dyn LeaseStore>, StoreErr
             RedisStore::connect(url, RedisOptions::default()).await?,
         )),
     }
+}
+
+/// The archive of a store that keeps one (SQLite, PostgreSQL); Redis only expires.
+pub async fn open_archive(url: &str) -> Result<Option<Arc<dyn ArchiveLookup>>, StoreError> {
+    Ok(match backend_of(url)? {
+        Backend::Sqlite => Some(Arc::new(
+            SqliteStore::open(SqliteOptions::from_url(url)?).await?,
+        )),
+        Backend::Postgres => {
+            let store = PgStore::connect(url, PgOptions::default()).await?;
+            store.migrate().await?;
+            Some(Arc::new(store))
+        }
+        Backend::Redis => None,
+    })
 }
 
 /// A URL with any password removed, for messages.

@@ -311,3 +311,43 @@ fn lock_commands_report_holders_and_refuse_non_holders() {
     );
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn day_100_audit_finds_the_archived_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let drill = check_drill_passes(&url);
+    let key = drill["key"].as_str().unwrap();
+    let order = drill["order_id"].as_str().unwrap();
+    let online = json(&idem(
+        &url,
+        &["keys", "show", key, "--tenant", "idem-drill", "--json"],
+    ));
+
+    let day_100 = (chrono::Utc::now() + chrono::Duration::days(100)).to_rfc3339();
+    let out = idem(&url, &["sweep", "--now", &day_100, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sweep = json(&out);
+    assert_eq!(sweep["transitions"]["dispute->archive"], 1);
+
+    let out = idem(
+        &url,
+        &["keys", "show", key, "--tenant", "idem-drill", "--json"],
+    );
+    assert!(out.status.success());
+    let archived = json(&out);
+    assert_eq!(archived["tier"], "archive");
+    assert_eq!(archived["fingerprint"], online["fingerprint"]);
+    assert_eq!(archived["result_ref"], order);
+
+    let out = idem(&url, &["keys", "audit", "--order", order, "--json"]);
+    assert!(out.status.success());
+    let found = json(&out);
+    assert_eq!(found[0]["fingerprint"], online["fingerprint"]);
+    let out = idem(&url, &["keys", "audit", "--order", "ord_unknown"]);
+    assert_eq!(out.status.code(), Some(1));
+}
