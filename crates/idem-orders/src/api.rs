@@ -1,0 +1,872 @@
+//! The HTTP API: routes, authentication, request parsing, problem responses, and the
+//! one place a business transaction meets its idempotency record.
+//!
+//! The tenant API sits behind `idem-http`'s [`IdempotencyLayer`]: POSTs need an
+//! `Idempotency-Key`; concurrent duplicates wait for the first and replay it. Handlers
+//! write their business rows in an open transaction, finish the claim in that same
+//! transaction ([`TransactionalClaim`] + `finish_in_tx`), and commit once — so the order
+//! and the record that makes it idempotent exist together or not at all.
+//!
+//! Tenants come only from authentication (bearer API keys); another tenant's order is
+//! 404. Admin routes (freezes, shows) need the admin token and are outside the layer.
+//! This module owns the wire; it must not decide business rules (that is
+//! [`crate::service`]).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Extension, Router};
+use idem_core::{IdempotencyKey, IdempotencyStore, RecordState, Scope, StoreError, TenantId};
+use idem_http::problem::{Problem, ProblemKind};
+use idem_http::{Authenticate, IdempotencyLayer, Identity, TransactionalClaim, PROBLEM_JSON};
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::db::Database;
+use crate::error::{Error, OrderError};
+use crate::freeze::{self, FreezeRequest, FreezeScope, FreezeWhat};
+use crate::ledgers::{self, OrderFilter, ShowSeed};
+use crate::metrics::OrdersMetrics;
+use crate::service::{NewOrder, Orders, PayAnswer, Unit};
+use crate::views::{OrderList, OrderView};
+
+/// Problem `type`s of this service: `https://idem.dev/problems/orders/{slug}`.
+pub const PROBLEM_TYPE_BASE: &str = "https://idem.dev/problems/orders/";
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) orders: Orders,
+    pub(crate) auth: Arc<dyn Authenticate>,
+    pub(crate) store: Arc<dyn IdempotencyStore>,
+    pub(crate) admin_token: Option<Arc<str>>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) metrics: OrdersMetrics,
+    pub(crate) openapi: Arc<serde_json::Value>,
+}
+
+impl AppState {
+    fn db(&self) -> &Database {
+        self.orders.database()
+    }
+}
+
+/// The routes. `legacy` adds `POST /v1/legacy/orders`, the pre-idem behaviour (no key,
+/// a server-minted id per arrival) the incident demo compares against.
+pub(crate) fn router(state: AppState, layer: IdempotencyLayer, legacy: bool) -> Router {
+    let mut tenant_api = Router::new()
+        .route("/v1/orders", post(create_order).get(list_orders))
+        .route("/v1/orders/{order_id}", get(get_order))
+        .route("/v1/orders/{order_id}/pay", post(pay_order))
+        .route("/v1/orders/{order_id}/cancel", post(cancel_order))
+        .route("/v1/idempotency-keys/{key}", get(key_state));
+    if legacy {
+        tenant_api = tenant_api.route(LEGACY_ROUTE, post(legacy_create_order));
+    }
+    let tenant_api = tenant_api.layer(layer);
+    let admin = Router::new()
+        .route("/v1/admin/freezes", get(list_freezes).post(post_freeze))
+        .route("/v1/admin/unfreeze", post(post_unfreeze))
+        .route("/v1/admin/shows/{tenant}/{show_id}", put(put_show));
+    let public = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi));
+    tenant_api
+        .merge(admin)
+        .merge(public)
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not-found", "No such route", "")
+        })
+        .with_state(state)
+}
+
+/// The legacy route (demo only).
+pub const LEGACY_ROUTE: &str = "/v1/legacy/orders";
+
+// ---------------------------------------------------------------------------------------
+// Errors
+
+/// A problem+json answer of this service.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+    detail: String,
+    retry_after: Option<u64>,
+    extra: Option<serde_json::Value>,
+}
+
+impl ApiError {
+    fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            detail: detail.into(),
+            retry_after: None,
+            extra: None,
+        }
+    }
+
+    fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    fn extra(mut self, extra: serde_json::Value) -> Self {
+        self.extra = Some(extra);
+        self
+    }
+
+    fn internal(e: &Error) -> Self {
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "dependency unavailable");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service-unavailable",
+                "A dependency is unavailable; retry with the same key",
+                e.to_string(),
+            )
+            .retry_after(1)
+        } else {
+            tracing::error!(error = %e, "internal error");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal-error",
+                "Internal error; retry with the same key",
+                e.to_string(),
+            )
+        }
+    }
+
+    fn malformed_json(e: &serde_json::Error) -> Self {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-json",
+            "Malformed JSON body",
+            e.to_string(),
+        )
+    }
+
+    fn invalid_body(e: &serde_json::Error) -> Self {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-body",
+            "The body does not have the expected fields",
+            e.to_string(),
+        )
+    }
+}
+
+impl From<OrderError> for ApiError {
+    fn from(e: OrderError) -> Self {
+        let detail = e.to_string();
+        match e {
+            OrderError::UnknownShow { show_id } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "unknown-show",
+                "Unknown show",
+                detail,
+            )
+            .extra(json!({ "show_id": show_id })),
+            OrderError::QuantityTooSmall { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-quantity",
+                "Quantity must be at least 1",
+                detail,
+            ),
+            OrderError::QuantityAboveLimit { limit, .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "quantity-above-limit",
+                "Quantity above the per-order limit",
+                detail,
+            )
+            .extra(json!({ "limit": limit })),
+            OrderError::SoldOut { available, .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "sold-out",
+                "Not enough tickets left",
+                detail,
+            )
+            .extra(json!({ "available": available })),
+            OrderError::OrderNotFound { .. } => ApiError::new(
+                StatusCode::NOT_FOUND,
+                "order-not-found",
+                "Order not found",
+                detail,
+            ),
+            OrderError::InvalidField { field, .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-field",
+                "Invalid field",
+                detail,
+            )
+            .extra(json!({ "field": field })),
+            OrderError::IllegalTransition(t) => ApiError::new(
+                StatusCode::CONFLICT,
+                "illegal-transition",
+                "The order cannot take this step from its current status",
+                detail,
+            )
+            .extra(json!({ "from": t.from, "event": t.event })),
+            OrderError::Busy { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "order-busy",
+                "Another request is working on this order",
+                detail,
+            )
+            .retry_after(1),
+            OrderError::Internal(e) => ApiError::internal(&e),
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError::internal(&e)
+    }
+}
+
+#[derive(Serialize)]
+struct ProblemBody<'a> {
+    #[serde(rename = "type")]
+    type_uri: String,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+}
+
+impl ApiError {
+    fn body(&self) -> Vec<u8> {
+        let mut value = serde_json::to_value(ProblemBody {
+            type_uri: format!("{PROBLEM_TYPE_BASE}{}", self.slug),
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+        })
+        .unwrap_or_default();
+        if let (Some(obj), Some(serde_json::Value::Object(extra))) =
+            (value.as_object_mut(), self.extra.as_ref())
+        {
+            for (k, v) in extra {
+                obj.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        serde_json::to_vec(&value).unwrap_or_default()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, self.body()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => ApiError::invalid_body(&e),
+        _ => ApiError::malformed_json(&e),
+    })
+}
+
+fn path_error(e: PathRejection) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-path",
+        "Invalid path",
+        e.body_text(),
+    )
+}
+
+fn query_error(e: QueryRejection) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-query",
+        "Invalid query",
+        e.body_text(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Authentication
+
+/// The authenticated caller: from the idempotency layer when it ran (POSTs), otherwise
+/// from the same authentication.
+pub(crate) struct Caller(Identity);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        if let Some(identity) = parts.extensions.get::<Identity>() {
+            return Ok(Caller(identity.clone()));
+        }
+        match state.auth.authenticate(parts).await {
+            Ok(identity) => Ok(Caller(identity)),
+            Err(refused) => Err(Problem::new(ProblemKind::Unauthenticated, refused.detail)
+                .challenge(refused.challenge)
+                .into_response()),
+        }
+    }
+}
+
+impl Caller {
+    fn tenant(&self) -> &str {
+        self.0.tenant.as_str()
+    }
+}
+
+/// Constant-time comparison, so the admin token does not leak through timing.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = &state.admin_token else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin-disabled",
+            "The admin API is disabled",
+            "start the server with --admin-token",
+        ));
+    };
+    let presented = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    match presented {
+        Some(token) if same_secret(token.as_bytes(), expected.as_bytes()) => Ok(()),
+        _ => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "admin-unauthenticated",
+            "Admin token required",
+            "send Authorization: Bearer ADMIN_TOKEN",
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Answering: business rows + record, one commit
+
+/// A successful answer to a request: its status, body and `Location`.
+struct Answer {
+    status: StatusCode,
+    body: Vec<u8>,
+    location: Option<String>,
+}
+
+impl Answer {
+    fn json(
+        status: StatusCode,
+        value: &impl Serialize,
+        location: Option<String>,
+    ) -> Result<Self, ApiError> {
+        let body = serde_json::to_vec(value)
+            .map_err(|e| ApiError::internal(&Error::Backend(e.to_string())))?;
+        Ok(Self {
+            status,
+            body,
+            location,
+        })
+    }
+
+    fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(loc) = self
+            .location
+            .as_deref()
+            .and_then(|l| HeaderValue::from_str(l).ok())
+        {
+            headers.insert(LOCATION, loc);
+        }
+        headers
+    }
+
+    fn into_response(self) -> Response {
+        let headers = self.headers();
+        (self.status, headers, self.body).into_response()
+    }
+}
+
+/// Finishes the claim (if the request runs under one) in the business transaction,
+/// commits once, then releases the unit's lease and wakes the relay.
+async fn commit<T>(
+    state: &AppState,
+    unit: Unit<T>,
+    claim: Option<&TransactionalClaim>,
+    answer: &Answer,
+) -> Result<(), ApiError> {
+    let Unit { mut tx, lease, .. } = unit;
+    let result = async {
+        let record = match claim {
+            Some(claim) => {
+                let finish = claim.finish_for(answer.status, &answer.headers(), &answer.body);
+                match state
+                    .db()
+                    .finish_in_tx(&mut tx, claim.token(), finish)
+                    .await
+                {
+                    Ok(record) => Some(record),
+                    Err(e @ StoreError::Superseded { .. }) => {
+                        // The claim moved on (its lease ran out and another request took
+                        // it over): this transaction must not commit.
+                        return Err(ApiError::new(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "claim-superseded",
+                            "This request lost its claim on the key; retry with the same key",
+                            e.to_string(),
+                        ));
+                    }
+                    Err(e) => return Err(ApiError::internal(&e.into())),
+                }
+            }
+            None => None,
+        };
+        tx.commit().await?;
+        if let (Some(claim), Some(record)) = (claim, record) {
+            claim.finished_in_transaction(record);
+        }
+        Ok(())
+    }
+    .await;
+    if let Some(guard) = lease {
+        state.orders.release(guard).await;
+    }
+    if result.is_ok() {
+        state.orders.signal_outbox();
+    }
+    result
+}
+
+fn rejected(state: &AppState, e: OrderError) -> ApiError {
+    let problem = ApiError::from(e);
+    if problem.status.is_client_error() {
+        state.metrics.rejected(problem.slug);
+    }
+    problem
+}
+
+// ---------------------------------------------------------------------------------------
+// Tenant API
+
+async fn create_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    claim: Option<Extension<TransactionalClaim>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let claim = claim.map(|Extension(c)| c);
+    let key = claim.as_ref().map(|c| c.token().scope.key.to_string());
+    create(
+        &state,
+        &caller,
+        claim.as_ref(),
+        key.as_deref(),
+        &body,
+        "idem",
+    )
+    .await
+}
+
+/// The legacy behaviour: no key, every arrival mints a new order id.
+async fn legacy_create_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    create(&state, &caller, None, None, &body, "legacy").await
+}
+
+async fn create(
+    state: &AppState,
+    caller: &Caller,
+    claim: Option<&TransactionalClaim>,
+    key: Option<&str>,
+    body: &[u8],
+    route: &'static str,
+) -> Result<Response, ApiError> {
+    let req: NewOrder = parse_json(body)?;
+    let faults = state.orders.faults();
+    let slow = faults.take_slow_create();
+    if let Some(slow) = slow {
+        // The incident's first request: slow upstream work before the write.
+        tokio::time::sleep(slow.commit_after).await;
+    }
+    let unit = state
+        .orders
+        .create(caller.tenant(), &req, key, route)
+        .await
+        .map_err(|e| rejected(state, e))?;
+    let location = format!("/v1/orders/{}", unit.value.order_id);
+    let answer = Answer::json(StatusCode::CREATED, &unit.value, Some(location))?;
+    commit(state, unit, claim, &answer).await?;
+    if let (Some(hook), Some(_)) = (&faults.after_create_commit, claim) {
+        // The drill: the order and its record are committed, the response not yet sent.
+        tracing::warn!("fault injected after the create committed");
+        hook();
+    }
+    if let Some(slow) = slow {
+        // The response is stuck after the commit: the client gives up first.
+        tokio::time::sleep(slow.respond_after).await;
+    }
+    Ok(answer.into_response())
+}
+
+async fn pay_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    claim: Option<Extension<TransactionalClaim>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(order_id) = path.map_err(path_error)?;
+    let claim = claim.map(|Extension(c)| c);
+    let unit = state
+        .orders
+        .pay(caller.tenant(), &order_id)
+        .await
+        .map_err(|e| rejected(&state, e))?;
+    let (status, order, queued) = match &unit.value {
+        PayAnswer::Paid(o) | PayAnswer::AlreadyPaid(o) => (StatusCode::OK, o, None),
+        PayAnswer::Queued(o, f) => (StatusCode::ACCEPTED, o, Some(f)),
+    };
+    let mut view = OrderView::summary(order, None);
+    if let Some(freeze) = queued {
+        view.payment = Some("queued".into());
+        view.frozen = Some(vec![(**freeze).clone()]);
+    }
+    let answer = Answer::json(status, &view, Some(format!("/v1/orders/{order_id}")))?;
+    commit(&state, unit, claim.as_ref(), &answer).await?;
+    Ok(answer.into_response())
+}
+
+async fn cancel_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    claim: Option<Extension<TransactionalClaim>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(order_id) = path.map_err(path_error)?;
+    let claim = claim.map(|Extension(c)| c);
+    let unit = state
+        .orders
+        .cancel(caller.tenant(), &order_id)
+        .await
+        .map_err(|e| rejected(&state, e))?;
+    let view = OrderView::summary(&unit.value, None);
+    let answer = Answer::json(
+        StatusCode::OK,
+        &view,
+        Some(format!("/v1/orders/{order_id}")),
+    )?;
+    commit(&state, unit, claim.as_ref(), &answer).await?;
+    Ok(answer.into_response())
+}
+
+async fn get_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(order_id) = path.map_err(path_error)?;
+    let view = state.orders.view(caller.tenant(), &order_id).await?;
+    Ok(Answer::json(StatusCode::OK, &view, None)?.into_response())
+}
+
+async fn list_orders(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<OrderFilter>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(filter) = query.map_err(query_error)?;
+    let orders = state.orders.list(caller.tenant(), &filter).await?;
+    Ok(Answer::json(StatusCode::OK, &OrderList { orders }, None)?.into_response())
+}
+
+/// The gateway's state query: what this tenant's key holds, without replaying it.
+async fn key_state(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(key) = path.map_err(path_error)?;
+    let key = IdempotencyKey::new(key).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-idempotency-key",
+            "Invalid idempotency key",
+            e.to_string(),
+        )
+    })?;
+    let tenant = TenantId::new(caller.tenant())
+        .map_err(|e| ApiError::internal(&Error::InvalidInput(e.to_string())))?;
+    let record = state
+        .store
+        .get(&Scope::new(tenant, key.clone()))
+        .await
+        .map_err(|e| ApiError::internal(&e.into()))?;
+    let Some(record) = record else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "idempotency-key-not-found",
+            "No request with this key",
+            format!("this tenant has no record for key {key}"),
+        ));
+    };
+    let result = record.result.as_ref().map(|r| {
+        json!({
+            "status": r.status,
+            "result_ref": r.result_ref,
+            "body_stored": !r.body.is_empty(),
+        })
+    });
+    let order_id = record
+        .result
+        .as_ref()
+        .and_then(|r| r.result_ref.as_deref())
+        .and_then(|loc| loc.strip_prefix("/v1/orders/"))
+        .map(str::to_owned);
+    let body = json!({
+        "tenant": record.tenant,
+        "key": record.key,
+        "state": record.state,
+        "terminal": record.state.is_terminal(),
+        "retryable": record.state == RecordState::FailedRetryable,
+        "version": record.version,
+        "attempts": record.attempts,
+        "owner": record.owner,
+        "lease_expires_at": record.lease_expires_at.map(crate::views::rfc3339),
+        "created_at": crate::views::rfc3339(record.created_at),
+        "updated_at": crate::views::rfc3339(record.updated_at),
+        "completed_at": record.completed_at.map(crate::views::rfc3339),
+        "result": result,
+        "order_id": order_id,
+    });
+    Ok(Answer::json(StatusCode::OK, &body, None)?.into_response())
+}
+
+// ---------------------------------------------------------------------------------------
+// Admin API
+
+#[derive(Debug, Deserialize)]
+struct FreezeBody {
+    scope: String,
+    /// A list, or a comma-separated string.
+    what: WhatList,
+    #[serde(default)]
+    tenant: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    actor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum WhatList {
+    Text(String),
+    List(Vec<String>),
+}
+
+impl FreezeBody {
+    fn request(self) -> Result<FreezeRequest, ApiError> {
+        let bad = |e: Error| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-freeze",
+                "Invalid freeze",
+                e.to_string(),
+            )
+        };
+        let scope: FreezeScope = self.scope.parse().map_err(bad)?;
+        let what = match self.what {
+            WhatList::Text(s) => FreezeWhat::parse_list(&s),
+            WhatList::List(l) => FreezeWhat::parse_list(&l.join(",")),
+        }
+        .map_err(bad)?;
+        Ok(FreezeRequest {
+            tenant: self.tenant,
+            scope,
+            what,
+            reason: self.reason,
+            actor: Some(self.actor.unwrap_or_else(|| "admin-api".into())),
+        })
+    }
+}
+
+async fn list_freezes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers)?;
+    let active = freeze::active_freezes(state.db()).await?;
+    let history = freeze::freeze_history(state.db()).await?;
+    Ok(Answer::json(
+        StatusCode::OK,
+        &json!({ "active": active, "history": history }),
+        None,
+    )?
+    .into_response())
+}
+
+async fn post_freeze(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers)?;
+    let request = parse_json::<FreezeBody>(&body)?.request()?;
+    let change = freeze::apply_freeze(state.db(), &request).await?;
+    let status = if change.changed.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok(Answer::json(status, &change, None)?.into_response())
+}
+
+async fn post_unfreeze(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers)?;
+    let request = parse_json::<FreezeBody>(&body)?.request()?;
+    let change = freeze::apply_unfreeze(state.db(), &request).await?;
+    // Frozen deliveries are due now: wake the chain.
+    state.orders.signal_outbox();
+    Ok(Answer::json(StatusCode::OK, &change, None)?.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct ShowBody {
+    #[serde(default)]
+    title: Option<String>,
+    capacity: i64,
+    #[serde(default)]
+    per_order_limit: Option<i64>,
+    #[serde(default)]
+    price_cents: Option<i64>,
+}
+
+/// Creates a show for a tenant if it does not exist (an existing show is returned as
+/// it is: stock is a ledger, not a setting).
+async fn put_show(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    path: Result<Path<(String, String)>, PathRejection>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers)?;
+    let Path((tenant, show_id)) = path.map_err(path_error)?;
+    let body: ShowBody = parse_json(&body)?;
+    let invalid = |d: &str| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-show",
+            "Invalid show",
+            d,
+        )
+    };
+    TenantId::new(tenant.clone()).map_err(|e| invalid(&e.to_string()))?;
+    let seed = ShowSeed {
+        title: body.title.unwrap_or_else(|| show_id.clone()),
+        show_id,
+        capacity: body.capacity,
+        per_order_limit: body.per_order_limit.unwrap_or(6),
+        price_cents: body.price_cents.unwrap_or(10_000),
+    };
+    seed.check().map_err(|e| invalid(&e.to_string()))?;
+    let existed = state.orders.show(&tenant, &seed.show_id).await?.is_some();
+    let shows = state
+        .orders
+        .seed(&tenant, std::slice::from_ref(&seed))
+        .await?;
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok(Answer::json(status, &shows[0], None)?.into_response())
+}
+
+// ---------------------------------------------------------------------------------------
+// Public
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    let ok = match state.db().acquire().await {
+        Ok(mut conn) => conn
+            .conn()
+            .one(crate::db::sql("SELECT 1 AS one"))
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({ "status": if ok { "ok" } else { "unavailable" }, "database": state.db().backend() })),
+    )
+        .into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let db = state.db();
+    let freezes = freeze::active_freezes(db).await?;
+    let (pending, unpublished) = {
+        let mut conn = db.acquire().await?;
+        let mut c = conn.conn();
+        let pending = ledgers::pending_by_consumer(&mut c).await?;
+        let unpublished = c
+            .one(crate::db::sql(
+                "SELECT COUNT(*) AS n FROM outbox_messages WHERE published_at IS NULL",
+            ))
+            .await?
+            .int("n")?;
+        (pending, unpublished)
+    };
+    state.metrics.observe_state(&freezes, &pending, unpublished);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &state.registry)
+        .map_err(|e| ApiError::internal(&Error::Backend(e.to_string())))?;
+    Ok((
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+async fn openapi(State(state): State<AppState>) -> Response {
+    axum::Json((*state.openapi).clone()).into_response()
+}
