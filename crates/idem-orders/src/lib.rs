@@ -36,6 +36,7 @@
 
 pub mod api;
 pub mod chain;
+pub mod compensation;
 pub mod db;
 pub mod demo;
 mod error;

@@ -14,6 +14,7 @@ mod drill;
 mod keys;
 mod lock;
 mod open;
+mod service;
 mod sweep;
 
 #[derive(Parser)]
@@ -59,6 +60,53 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Run the ticketing order service (SQLite by default, or PostgreSQL).
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// TENANT=SECRET (repeatable); clients send `Authorization: Bearer SECRET`.
+        #[arg(long = "api-key")]
+        api_keys: Vec<String>,
+        /// Enables the admin API (freezes, shows).
+        #[arg(long, env = "IDEM_ADMIN_TOKEN")]
+        admin_token: Option<String>,
+        /// Relay the outbox to NATS JetStream instead of in process.
+        #[arg(long)]
+        nats_url: Option<String>,
+        /// How often the retention sweeper runs beside the server (0s: never).
+        #[arg(long, value_parser = lock::parse_duration, default_value = "5m")]
+        sweep_every: Duration,
+    },
+    /// Freeze the automatic chain for a scope (user:U, show:S or all).
+    Freeze {
+        #[arg(long)]
+        scope: String,
+        /// payment-confirm,ticketing,inventory-release (or all)
+        #[arg(long, default_value = "all")]
+        what: String,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lift a freeze; queued work resumes.
+    Unfreeze {
+        #[arg(long)]
+        scope: String,
+        #[arg(long, default_value = "all")]
+        what: String,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Demonstrations.
+    Demo {
+        #[command(subcommand)]
+        command: DemoCommand,
+    },
     /// Apply the store's schema migrations (also done on open).
     Migrate,
     /// Leases with fencing tokens: acquire, renew, release, show, force-release.
@@ -70,6 +118,15 @@ enum Command {
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DemoCommand {
+    /// Replay the 20:14 incident with and without idem, side by side.
+    Incident {
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -195,7 +252,7 @@ async fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let url = cli.database_url.clone().unwrap_or_else(open::default_url);
-    match run(cli.command, &url).await {
+    match run(cli.command, &url, cli.database_url.clone()).await {
         Ok(code) => code,
         Err(e) => fail(e),
     }
@@ -208,7 +265,13 @@ fn print_json<T: serde::Serialize>(v: &T) {
     );
 }
 
-async fn run(command: Command, url: &str) -> Result<ExitCode, StoreError> {
+/// `url` is the store to use; `explicit_url` is set only when the operator named one
+/// (the demo uses a temporary store otherwise).
+async fn run(
+    command: Command,
+    url: &str,
+    explicit_url: Option<String>,
+) -> Result<ExitCode, StoreError> {
     match command {
         Command::Drill { duplicates, json } => {
             let store = open::open_store(url).await?;
@@ -358,6 +421,47 @@ async fn run(command: Command, url: &str) -> Result<ExitCode, StoreError> {
                     json,
                 },
         } => sweep::bench(url, records, concurrency, batch, json).await,
+        Command::Serve {
+            listen,
+            api_keys,
+            admin_token,
+            nats_url,
+            sweep_every,
+        } => {
+            service::serve(
+                url,
+                service::ServeArgs {
+                    listen,
+                    api_keys,
+                    admin_token,
+                    nats_url,
+                    sweep_every,
+                },
+            )
+            .await
+        }
+        Command::Freeze {
+            scope,
+            what,
+            tenant,
+            reason,
+            json,
+        } => {
+            let request = service::freeze_request(&scope, &what, tenant, reason)?;
+            service::freeze(url, request, false, json).await
+        }
+        Command::Unfreeze {
+            scope,
+            what,
+            tenant,
+            json,
+        } => {
+            let request = service::freeze_request(&scope, &what, tenant, None)?;
+            service::freeze(url, request, true, json).await
+        }
+        Command::Demo {
+            command: DemoCommand::Incident { json },
+        } => service::demo_incident(explicit_url.clone(), json).await,
         Command::Migrate => {
             open::open_store(url).await?;
             println!("migrations applied to {}", open::redact(url));

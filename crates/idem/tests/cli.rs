@@ -351,3 +351,99 @@ fn day_100_audit_finds_the_archived_fingerprint() {
     let out = idem(&url, &["keys", "audit", "--order", "ord_unknown"]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+fn demo_incident_json_shows_eight_legacy_orders_and_one_idem_order() {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["demo", "incident", "--json"])
+        .env_remove("IDEM_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = json(&out);
+    assert_eq!(report["legacy"]["orders"], 8);
+    assert_eq!(report["idem"]["orders"], 1);
+    assert_eq!(report["idem"]["replays"], 7);
+    let ids = report["idem"]["order_ids"].as_array().unwrap();
+    assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+}
+
+#[test]
+fn freeze_and_unfreeze_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let out = idem(
+        &url,
+        &[
+            "freeze",
+            "--scope",
+            "user:U-7318",
+            "--what",
+            "payment-confirm,ticketing",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["active"].as_array().unwrap().len(), 2);
+    let out = idem(&url, &["unfreeze", "--scope", "user:U-7318", "--json"]);
+    assert!(out.status.success());
+    assert_eq!(json(&out)["active"].as_array().unwrap().len(), 0);
+    let out = idem(&url, &["freeze", "--scope", "bogus"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("freeze scope"));
+}
+
+#[test]
+fn serve_answers_duplicates_with_the_first_order() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "--database-url",
+            &url,
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-key",
+            "acme=secret-acme-1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let base = first.rsplit(' ').next().unwrap().to_string();
+    assert!(base.starts_with("http://127.0.0.1:"), "{first}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let bodies = rt.block_on(async {
+        let client = reqwest::Client::new();
+        let mut bodies = Vec::new();
+        for _ in 0..3 {
+            let resp = client
+                .post(format!("{base}/v1/orders"))
+                .bearer_auth("secret-acme-1")
+                .header("Idempotency-Key", "confirm-page-1")
+                .json(&serde_json::json!({"user_id": "U-7318", "show_id": "S-204", "quantity": 1}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 201);
+            bodies.push(resp.json::<serde_json::Value>().await.unwrap());
+        }
+        bodies
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(bodies
+        .iter()
+        .all(|b| b["order_id"] == bodies[0]["order_id"]));
+}

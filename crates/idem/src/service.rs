@@ -1,0 +1,143 @@
+//! `idem serve`, `idem freeze` / `idem unfreeze` and `idem demo incident`: the command
+//! line of the order service (`idem-orders`), plus the retention sweeper that runs beside
+//! the server.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{CompensationCheck, StoreError};
+use idem_orders::compensation::OrderCompensation;
+use idem_orders::{ApiKey, DemoOptions, FreezeRequest, FreezeScope, FreezeWhat, ServeConfig};
+use idem_sweep::Sweeper;
+
+use crate::open::{backend_of, Backend};
+
+fn orders_err(e: idem_orders::Error) -> StoreError {
+    match e {
+        idem_orders::Error::InvalidInput(m) => StoreError::InvalidInput(m),
+        idem_orders::Error::Unavailable(m) => StoreError::Unavailable(m),
+        idem_orders::Error::Store(s) => s,
+        other => StoreError::Backend(other.to_string()),
+    }
+}
+
+pub struct ServeArgs {
+    pub listen: SocketAddr,
+    pub api_keys: Vec<String>,
+    pub admin_token: Option<String>,
+    pub nats_url: Option<String>,
+    pub sweep_every: Duration,
+}
+
+/// The retention sweeper beside the server: lease-guarded (one sweeper per database
+/// however many servers run), with the order ledgers answering "compensation pending".
+async fn start_sweeper(
+    url: &str,
+    every: Duration,
+) -> Result<idem_sweep::BackgroundSweep, StoreError> {
+    let (policy, _) = idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
+    // Opening the service database first applies the ledgers' migrations, so the
+    // compensation check has its tables from the first sweep on.
+    let db = idem_orders::Database::open(url, idem_orders::DatabaseOptions::default())
+        .await
+        .map_err(orders_err)?;
+    let check: Arc<dyn CompensationCheck> = Arc::new(OrderCompensation::for_database(&db));
+    let (_, retention, leases) = crate::sweep::open(url).await?;
+    let sweeper = Sweeper::new(retention, policy)
+        .with_lease(leases, idem_lease::LeaseMetrics::default())
+        .with_compensation(check);
+    Ok(sweeper.spawn(every))
+}
+
+pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
+    if backend_of(url)? == Backend::Redis {
+        return Err(StoreError::InvalidInput(
+            "the order service needs SQLite or PostgreSQL (its ledgers and records share one database)".into(),
+        ));
+    }
+    // Validate the retention policy before binding: a bad policy is a start-up error.
+    idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
+    let api_keys = args
+        .api_keys
+        .iter()
+        .map(|k| k.parse::<ApiKey>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(orders_err)?;
+    let config = ServeConfig {
+        listen: args.listen,
+        database_url: Some(url.to_string()),
+        api_keys,
+        admin_token: args.admin_token,
+        nats_url: args.nats_url,
+        ..ServeConfig::default()
+    };
+    let _sweep = if args.sweep_every.is_zero() {
+        None
+    } else {
+        Some(start_sweeper(url, args.sweep_every).await?)
+    };
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    idem_orders::serve(config, shutdown)
+        .await
+        .map_err(orders_err)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn freeze_request(
+    scope: &str,
+    what: &str,
+    tenant: Option<String>,
+    reason: Option<String>,
+) -> Result<FreezeRequest, StoreError> {
+    let scope: FreezeScope = scope.parse().map_err(orders_err)?;
+    let what = FreezeWhat::parse_list(what).map_err(orders_err)?;
+    let mut request = FreezeRequest::new(scope, what);
+    request.tenant = tenant;
+    request.reason = reason;
+    request.actor = std::env::var("USER").ok();
+    Ok(request)
+}
+
+pub async fn freeze(
+    url: &str,
+    request: FreezeRequest,
+    unfreeze: bool,
+    json: bool,
+) -> Result<ExitCode, StoreError> {
+    let change = if unfreeze {
+        idem_orders::freeze::unfreeze(url, &request).await
+    } else {
+        idem_orders::freeze::freeze(url, &request).await
+    }
+    .map_err(orders_err)?;
+    if json {
+        crate::print_json(&change);
+    } else {
+        let verb = if unfreeze { "unfroze" } else { "froze" };
+        println!("{verb} {} switch(es)", change.changed.len());
+        println!("active freezes: {}", change.active.len());
+        for f in &change.active {
+            println!("  {}", serde_json::to_string(f).unwrap_or_default());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn demo_incident(url: Option<String>, json: bool) -> Result<ExitCode, StoreError> {
+    let report = idem_orders::demo_incident(DemoOptions {
+        database_url: url,
+        ..DemoOptions::default()
+    })
+    .await
+    .map_err(orders_err)?;
+    if json {
+        crate::print_json(&report);
+    } else {
+        println!("{}", report.render_text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
