@@ -46,6 +46,7 @@ pub mod machine;
 pub mod metrics;
 pub mod openapi;
 pub mod provider;
+pub mod reconcile;
 pub mod server;
 pub mod service;
 pub mod views;

@@ -75,6 +75,18 @@ fn release_key(order_id: &str) -> String {
     format!("release:{order_id}")
 }
 
+/// The business key `consumer` processes a message of `order_id` under, if it is one of
+/// the chain's consumers. An operator tool that stops a duplicate's messages marks this
+/// key processed, so the consumer acks the message as a duplicate instead of acting.
+pub(crate) fn consumer_key(consumer: &str, order_id: &str) -> Option<String> {
+    match consumer {
+        consumers::PAYMENT_CONFIRMER => Some(pay_key(order_id)),
+        consumers::TICKET_ISSUER => Some(ticket_key(order_id)),
+        consumers::INVENTORY_RELEASER => Some(release_key(order_id)),
+        _ => None,
+    }
+}
+
 /// The body of `POST /v1/orders`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewOrder {
@@ -915,13 +927,35 @@ impl Orders {
     /// `order.cancelled` → the hold goes back to stock once, under the show's lease and
     /// through its fence.
     async fn release_inventory(&self, msg: &Message) -> Result<Handled, Error> {
+        self.release_inventory_as(msg, true).await
+    }
+
+    /// The inventory releaser's work on `msg` (an `order.cancelled`) for an operator's
+    /// compensation run (`idem reconcile`): the same show lease, fence and processed key
+    /// (`release:{order}`), but not held back by an `inventory-release` freeze — the
+    /// operator froze the chain to do exactly this by hand.
+    pub(crate) async fn release_inventory_by_operator(
+        &self,
+        msg: &Message,
+    ) -> Result<Handled, Error> {
+        self.release_inventory_as(msg, false).await
+    }
+
+    async fn release_inventory_as(
+        &self,
+        msg: &Message,
+        honour_freeze: bool,
+    ) -> Result<Handled, Error> {
         let consumer = consumers::INVENTORY_RELEASER;
         let key = release_key(&msg.order_id);
         {
             let mut conn = self.inner.db.acquire().await?;
             let mut c = conn.conn();
-            if let Some(f) = frozen_msg(&mut c, msg, FreezeWhat::InventoryRelease).await? {
-                return Ok(deferred(f));
+            // An operator's release ignores the freeze: it is why they release by hand.
+            if honour_freeze {
+                if let Some(f) = frozen_msg(&mut c, msg, FreezeWhat::InventoryRelease).await? {
+                    return Ok(deferred(f));
+                }
             }
             if ledgers::processed(&mut c, consumer, &msg.tenant_id, &key).await? {
                 return Ok(Handled::Duplicate);
@@ -957,7 +991,8 @@ impl Orders {
                 let owner = lease.owner.to_string();
                 db.fenced_write(&resource, &lease, move |mut c| {
                     Box::pin(async move {
-                        release_in_fence(&mut c, &msg_owned, &key, token, &owner).await
+                        release_in_fence(&mut c, &msg_owned, &key, token, &owner, honour_freeze)
+                            .await
                     })
                 })
                 .await
@@ -1053,11 +1088,14 @@ async fn release_in_fence(
     key: &str,
     token: i64,
     owner: &str,
+    honour_freeze: bool,
 ) -> Result<Handled, Error> {
     let consumer = consumers::INVENTORY_RELEASER;
     // Checked again under the lock: the freeze may have come while we waited.
-    if let Some(f) = frozen_msg(c, msg, FreezeWhat::InventoryRelease).await? {
-        return Ok(deferred(f));
+    if honour_freeze {
+        if let Some(f) = frozen_msg(c, msg, FreezeWhat::InventoryRelease).await? {
+            return Ok(deferred(f));
+        }
     }
     if ledgers::processed(c, consumer, &msg.tenant_id, key).await? {
         return Ok(Handled::Duplicate);

@@ -14,6 +14,7 @@ mod drill;
 mod keys;
 mod lock;
 mod open;
+mod reconcile;
 mod service;
 mod sweep;
 
@@ -106,6 +107,38 @@ enum Command {
     Demo {
         #[command(subcommand)]
         command: DemoCommand,
+    },
+    /// Reconcile duplicate orders across the four ledgers (orders, payments, inventory
+    /// holds, messages): keep one order per intent, cancel and refund the others through
+    /// the state machine, release their holds, stop their messages. Dry run by default.
+    /// Exit 1 when a ledger check fails, 3 when --apply is refused (chain not frozen).
+    Reconcile {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        show: Option<String>,
+        /// Orders created at or after this time (RFC 3339).
+        #[arg(long)]
+        since: Option<String>,
+        /// Orders created before this time (RFC 3339).
+        #[arg(long)]
+        until: Option<String>,
+        /// Orders of one session this close to the intent's first order are one intent.
+        #[arg(long, value_parser = lock::parse_duration, default_value = "2m")]
+        window: Duration,
+        /// Execute the plan (every action is idempotent; rerunning changes nothing).
+        #[arg(long)]
+        apply: bool,
+        /// Apply even though the automatic chain is not frozen for the scope.
+        #[arg(long)]
+        force: bool,
+        #[arg(long, conflicts_with = "html")]
+        json: bool,
+        /// Write a self-contained HTML report to FILE.
+        #[arg(long, value_name = "FILE")]
+        html: Option<std::path::PathBuf>,
     },
     /// Apply the store's schema migrations (also done on open).
     Migrate,
@@ -233,6 +266,17 @@ enum BenchCommand {
         /// 1 million stored keys; the bulk load takes a while).
         #[arg(long)]
         no_growth: bool,
+    },
+    /// Reconcile dry run over N bulk-loaded orders (temporary SQLite file or a fresh
+    /// PostgreSQL schema): orders/s against a raw ordered SELECT of the same rows.
+    Reconcile {
+        #[arg(long, default_value_t = 1_000_000)]
+        orders: u64,
+        /// One intent in this many is a duplicate pair.
+        #[arg(long, default_value_t = 500)]
+        duplicate_every: u64,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -462,6 +506,40 @@ async fn run(
         Command::Demo {
             command: DemoCommand::Incident { json },
         } => service::demo_incident(explicit_url.clone(), json).await,
+        Command::Reconcile {
+            tenant,
+            user,
+            show,
+            since,
+            until,
+            window,
+            apply,
+            force,
+            json,
+            html,
+        } => {
+            let args = reconcile::ReconcileArgs {
+                tenant,
+                user,
+                show,
+                since,
+                until,
+                window,
+                apply,
+                force,
+                json,
+                html,
+            };
+            reconcile::run(url, args).await
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Reconcile {
+                    orders,
+                    duplicate_every,
+                    json,
+                },
+        } => reconcile::bench(url, orders, duplicate_every, json).await,
         Command::Migrate => {
             open::open_store(url).await?;
             println!("migrations applied to {}", open::redact(url));
