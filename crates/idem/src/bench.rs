@@ -75,14 +75,14 @@ pub struct Growth {
 }
 
 #[derive(Default)]
-struct Load {
+pub(crate) struct Load {
     ops: u64,
     elapsed: Duration,
     latencies_us: Vec<u64>,
 }
 
 impl Load {
-    fn merge(&mut self, other: Load) {
+    pub(crate) fn merge(&mut self, other: Load) {
         self.ops += other.ops;
         self.elapsed += other.elapsed;
         self.latencies_us.extend(other.latencies_us);
@@ -103,7 +103,11 @@ impl Load {
 }
 
 /// Runs `op(task, seq)` from `concurrency` tasks until `duration` passes.
-async fn drive<F, Fut>(concurrency: usize, duration: Duration, op: F) -> Result<Load, StoreError>
+pub(crate) async fn drive<F, Fut>(
+    concurrency: usize,
+    duration: Duration,
+    op: F,
+) -> Result<Load, StoreError>
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(), StoreError>> + Send,
@@ -157,7 +161,12 @@ fn bench_result() -> StoredResult {
     }
 }
 
-fn phase(name: &'static str, baseline: &'static str, mut idem: Load, mut base: Load) -> Phase {
+pub(crate) fn phase(
+    name: &'static str,
+    baseline: &'static str,
+    mut idem: Load,
+    mut base: Load,
+) -> Phase {
     let (i, b) = (idem.rate(), base.rate());
     Phase {
         phase: name,
@@ -716,30 +725,38 @@ impl Baseline for RedisBaseline {
     }
 
     async fn cleanup(&self) -> Result<(), StoreError> {
-        let mut c = self.conn.clone();
-        let pattern = format!("{}:*", self.prefix);
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
+        unlink_prefix(&self.conn, &self.prefix).await
+    }
+}
+
+/// Removes every key under `prefix:` (what a bench wrote), in SCAN batches.
+pub(crate) async fn unlink_prefix(
+    conn: &redis::aio::ConnectionManager,
+    prefix: &str,
+) -> Result<(), StoreError> {
+    let mut c = conn.clone();
+    let pattern = format!("{prefix}:*");
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .map_err(redis_err)?;
+        if !keys.is_empty() {
+            let _: () = redis::cmd("UNLINK")
+                .arg(&keys)
                 .query_async(&mut c)
                 .await
                 .map_err(redis_err)?;
-            if !keys.is_empty() {
-                let _: () = redis::cmd("UNLINK")
-                    .arg(&keys)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(redis_err)?;
-            }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
         }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
 }

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use idem_core::{IdempotencyKey, StoreError, TenantId};
 
 mod bench;
+mod bench_lock;
 mod drill;
 mod keys;
 mod lock;
@@ -241,6 +242,27 @@ enum KeysCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Lease acquire+release cycles against the raw driver's classic lock.
+    Lock {
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Seconds per side.
+        #[arg(long, default_value_t = 4.0)]
+        duration: f64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requests per second through an axum app with the layer against the same app
+    /// without it (fresh keys, replay hits) and the store's own claim+complete rate.
+    Http {
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Seconds per phase.
+        #[arg(long, default_value_t = 1.5)]
+        phase: f64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Sweep N expired records: records/s, claim p99 with vs without the sweep, bytes
     /// per record in each tier.
     Sweep {
@@ -540,6 +562,55 @@ async fn run(
                     json,
                 },
         } => reconcile::bench(url, orders, duplicate_every, json).await,
+        Command::Bench {
+            command:
+                BenchCommand::Lock {
+                    concurrency,
+                    duration,
+                    json,
+                },
+        } => {
+            if !(duration.is_finite() && duration > 0.0) {
+                return Err(StoreError::InvalidInput(
+                    "--duration must be a positive number of seconds".into(),
+                ));
+            }
+            let report =
+                bench_lock::run(url, concurrency, Duration::from_secs_f64(duration)).await?;
+            if json {
+                print_json(&report);
+            } else {
+                bench_lock::print_human(&report);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Http {
+                    concurrency,
+                    phase,
+                    json,
+                },
+        } => {
+            if !(phase.is_finite() && phase > 0.0) || concurrency == 0 {
+                return Err(StoreError::InvalidInput(
+                    "--phase and --concurrency must be positive".into(),
+                ));
+            }
+            let report = idem_http::bench::bench(idem_http::bench::BenchOptions {
+                phase: Duration::from_secs_f64(phase),
+                concurrency,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+            if json {
+                print_json(&report);
+            } else {
+                println!("{}", serde_json::to_string_pretty(&report).expect("report"));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Migrate => {
             open::open_store(url).await?;
             println!("migrations applied to {}", open::redact(url));

@@ -1,0 +1,349 @@
+//! `idem bench lock`: acquire+release cycles per second of idem's leases against the raw
+//! driver doing the classic lock in the same run (Redis: `SET NX PX` + Lua
+//! compare-and-delete; SQL: an upsert that takes an expired lock and a compare-and-release
+//! `UPDATE … RETURNING`). Each task cycles its own lock name, so this measures the cost of
+//! a cycle, not contention.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{Acquire, LeaseName, LeaseStore, OwnerId, Release, StoreError};
+use idem_postgres::{PgOptions, PgStore};
+use idem_redis::{RedisOptions, RedisStore};
+use idem_sqlite::{SqliteOptions, SqliteStore};
+use serde::Serialize;
+
+use crate::bench::{drive, phase, Phase};
+use crate::open::{backend_of, default_url, Backend};
+
+const TTL: Duration = Duration::from_secs(30);
+
+#[async_trait]
+trait RawLock: Send + Sync {
+    fn describe(&self) -> &'static str;
+    async fn cycle(&self, name: &str, owner: &str) -> Result<(), StoreError>;
+    async fn cleanup(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+fn raw(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+const SQL_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_bench_locks (name TEXT PRIMARY KEY, \
+    owner TEXT NOT NULL, token BIGINT NOT NULL, expires_at BIGINT NOT NULL)";
+
+struct SqliteRaw(sqlx::SqlitePool);
+
+#[async_trait]
+impl RawLock for SqliteRaw {
+    fn describe(&self) -> &'static str {
+        "sqlx: upsert taking an expired lock RETURNING token, then UPDATE … WHERE owner AND token RETURNING"
+    }
+
+    async fn cycle(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+        let token: i64 = sqlx::query_scalar(&format!(
+            "INSERT INTO idem_bench_locks (name, owner, token, expires_at) VALUES (?1, ?2, 1, {NOW} + 30000) \
+             ON CONFLICT (name) DO UPDATE SET owner = ?2, token = idem_bench_locks.token + 1, \
+             expires_at = {NOW} + 30000 WHERE idem_bench_locks.expires_at <= {NOW} RETURNING token"
+        ))
+        .bind(name)
+        .bind(owner)
+        .fetch_one(&self.0)
+        .await
+        .map_err(raw)?;
+        sqlx::query(&format!(
+            "UPDATE idem_bench_locks SET expires_at = {NOW} WHERE name = ?1 AND owner = ?2 AND token = ?3 \
+             RETURNING token"
+        ))
+        .bind(name)
+        .bind(owner)
+        .bind(token)
+        .fetch_one(&self.0)
+        .await
+        .map_err(raw)?;
+        Ok(())
+    }
+}
+
+struct PgRaw {
+    pool: sqlx::PgPool,
+    schema: String,
+}
+
+#[async_trait]
+impl RawLock for PgRaw {
+    fn describe(&self) -> &'static str {
+        "sqlx: upsert taking an expired lock RETURNING token, then UPDATE … WHERE owner AND token RETURNING"
+    }
+
+    async fn cycle(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        const NOW: &str = "((extract(epoch from clock_timestamp()) * 1000)::bigint)";
+        let s = &self.schema;
+        let token: i64 = sqlx::query_scalar(&format!(
+            "INSERT INTO {s}.idem_bench_locks AS l (name, owner, token, expires_at) VALUES ($1, $2, 1, {NOW} + 30000) \
+             ON CONFLICT (name) DO UPDATE SET owner = $2, token = l.token + 1, expires_at = {NOW} + 30000 \
+             WHERE l.expires_at <= {NOW} RETURNING token"
+        ))
+        .bind(name)
+        .bind(owner)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(raw)?;
+        sqlx::query(&format!(
+            "UPDATE {s}.idem_bench_locks SET expires_at = {NOW} WHERE name = $1 AND owner = $2 AND token = $3 \
+             RETURNING token"
+        ))
+        .bind(name)
+        .bind(owner)
+        .bind(token)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(raw)?;
+        Ok(())
+    }
+
+    async fn cleanup(&self) -> Result<(), StoreError> {
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
+            .execute(&self.pool)
+            .await
+            .map_err(raw)?;
+        Ok(())
+    }
+}
+
+struct RedisRaw {
+    conn: redis::aio::ConnectionManager,
+    prefix: String,
+    release: redis::Script,
+}
+
+#[async_trait]
+impl RawLock for RedisRaw {
+    fn describe(&self) -> &'static str {
+        "redis-rs: SET NX PX, then Lua compare-and-delete"
+    }
+
+    async fn cycle(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let key = format!("{}:rawlock:{{{name}}}", self.prefix);
+        let mut c = self.conn.clone();
+        let ok: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut c)
+            .await
+            .map_err(raw)?;
+        if ok.is_none() {
+            return Err(StoreError::Backend(format!("raw lock {key} was held")));
+        }
+        let _: i64 = self
+            .release
+            .key(&key)
+            .arg(owner)
+            .invoke_async(&mut c)
+            .await
+            .map_err(raw)?;
+        Ok(())
+    }
+
+    async fn cleanup(&self) -> Result<(), StoreError> {
+        crate::bench::unlink_prefix(&self.conn, &self.prefix).await
+    }
+}
+
+#[derive(Serialize)]
+pub struct LockBenchReport {
+    pub backend: &'static str,
+    pub concurrency: usize,
+    pub duration_s: f64,
+    pub phase: Phase,
+}
+
+async fn targets(
+    url: &str,
+) -> Result<
+    (
+        Arc<dyn LeaseStore>,
+        Arc<dyn RawLock>,
+        Option<tempfile::TempDir>,
+        &'static str,
+    ),
+    StoreError,
+> {
+    match backend_of(url)? {
+        Backend::Sqlite => {
+            let (opts, tmp) = if url == default_url() {
+                let tmp = tempfile::tempdir()
+                    .map_err(|e| StoreError::Unavailable(format!("temp dir: {e}")))?;
+                (SqliteOptions::new(tmp.path().join("bench.db")), Some(tmp))
+            } else {
+                (SqliteOptions::from_url(url)?, None)
+            };
+            // The raw table first, on its own connection: pooled connections opened before
+            // DDL would see a stale schema.
+            {
+                use sqlx::{ConnectOptions, Connection};
+                let mut conn = opts.connect_options().connect().await.map_err(raw)?;
+                sqlx::query(SQL_TABLE)
+                    .execute(&mut conn)
+                    .await
+                    .map_err(raw)?;
+                conn.close().await.map_err(raw)?;
+            }
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(opts.max_connections)
+                .connect_with(opts.connect_options())
+                .await
+                .map_err(raw)?;
+            let store = SqliteStore::open(opts).await?;
+            Ok((Arc::new(store), Arc::new(SqliteRaw(pool)), tmp, "sqlite"))
+        }
+        Backend::Postgres => {
+            let schema = format!("idem_bench_lock_{}", uuid::Uuid::now_v7().simple());
+            let store = PgStore::connect(
+                url,
+                PgOptions {
+                    schema: Some(schema.clone()),
+                    max_connections: 32,
+                    ..PgOptions::default()
+                },
+            )
+            .await?;
+            store.migrate().await?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(32)
+                .connect(url)
+                .await
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            sqlx::query(
+                &SQL_TABLE.replace("idem_bench_locks", &format!("{schema}.idem_bench_locks")),
+            )
+            .execute(&pool)
+            .await
+            .map_err(raw)?;
+            Ok((
+                Arc::new(store),
+                Arc::new(PgRaw { pool, schema }),
+                None,
+                "postgres",
+            ))
+        }
+        Backend::Redis => {
+            let prefix = format!("idem-bench-lock-{}", uuid::Uuid::now_v7().simple());
+            let store = RedisStore::connect(
+                url,
+                RedisOptions {
+                    prefix: prefix.clone(),
+                    ..RedisOptions::default()
+                },
+            )
+            .await?;
+            let client =
+                redis::Client::open(url).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+            let conn =
+                tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
+                    .await
+                    .map_err(|_| StoreError::Unavailable("redis connect timed out".into()))?
+                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let release = redis::Script::new(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
+            );
+            Ok((
+                Arc::new(store),
+                Arc::new(RedisRaw {
+                    conn,
+                    prefix,
+                    release,
+                }),
+                None,
+                "redis",
+            ))
+        }
+    }
+}
+
+pub async fn run(
+    url: &str,
+    concurrency: usize,
+    duration: Duration,
+) -> Result<LockBenchReport, StoreError> {
+    if concurrency == 0 || duration.is_zero() {
+        return Err(StoreError::InvalidInput(
+            "--concurrency and --duration must be positive".into(),
+        ));
+    }
+    let (store, raw_lock, _tmp, backend) = targets(url).await?;
+    let half = duration / 2;
+    let run_id = uuid::Uuid::now_v7().simple().to_string();
+    let mut idem = crate::bench::Load::default();
+    let mut base = crate::bench::Load::default();
+    let outcome: Result<(), StoreError> = async {
+        for round in 0..2 {
+            let r = raw_lock.clone();
+            let id = run_id.clone();
+            base.merge(
+                drive(concurrency, half, move |task, _| {
+                    let r = r.clone();
+                    let name = format!("raw-{id}-{round}-{task}");
+                    async move { r.cycle(&name, &format!("bench-{task}")).await }
+                })
+                .await?,
+            );
+            let s = store.clone();
+            let id = run_id.clone();
+            idem.merge(
+                drive(concurrency, half, move |task, _| {
+                    let s = s.clone();
+                    let name =
+                        LeaseName::new(format!("idem-{id}-{round}-{task}")).expect("lease name");
+                    let owner = OwnerId::new(format!("bench-{task}")).expect("owner");
+                    async move {
+                        let lease = match s.try_acquire(&name, &owner, TTL).await.map_err(raw)? {
+                            Acquire::Granted(l) => l,
+                            Acquire::Held { .. } => {
+                                return Err(StoreError::Backend(format!("{name} was held")))
+                            }
+                        };
+                        match s.release(&name, &owner, lease.token).await.map_err(raw)? {
+                            Release::Released { .. } => Ok(()),
+                            Release::NotHolder { .. } => {
+                                Err(StoreError::Backend(format!("{name}: not holder")))
+                            }
+                        }
+                    }
+                })
+                .await?,
+            );
+        }
+        Ok(())
+    }
+    .await;
+    let cleaned = raw_lock.cleanup().await;
+    outcome?;
+    cleaned?;
+    Ok(LockBenchReport {
+        backend,
+        concurrency,
+        duration_s: duration.as_secs_f64(),
+        phase: phase("acquire_release", raw_lock.describe(), idem, base),
+    })
+}
+
+pub fn print_human(r: &LockBenchReport) {
+    let p = &r.phase;
+    println!(
+        "idem bench lock on {} ({} tasks, {:.0} s per side)",
+        r.backend, r.concurrency, r.duration_s
+    );
+    println!(
+        "  acquire+release  idem {:>8.0} cycles/s (p50 {} us, p99 {} us)  baseline {:>8.0} cycles/s (p50 {} us, p99 {} us)  ratio {:.2}",
+        p.idem_ops_per_s, p.idem_p50_us, p.idem_p99_us, p.baseline_ops_per_s, p.baseline_p50_us, p.baseline_p99_us, p.ratio
+    );
+    println!("  baseline: {}", p.baseline);
+}
