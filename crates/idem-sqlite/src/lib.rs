@@ -338,29 +338,33 @@ async fn claim_on(
         let (now, existing) = get_with_now(conn, clock, &req.scope).await?;
         let Some(existing) = existing else {
             let _w = lock(writer).await;
-            let inserted: Option<(i64, i64)> = sqlx::query_as(&format!(
-                "WITH n(now) AS (SELECT {NOW}) \
-                 INSERT INTO idem_records (tenant_id, key, principal, fingerprint, state, version, \
+            // No RETURNING: SQLite keeps the write transaction open until the statement's
+            // rows are drained, which through sqlx's worker thread means holding the single
+            // write lock across a thread round trip. The lease starts at the store time
+            // just read, so the deadline is still the store's, not the caller's.
+            let lease_expires_at = now.saturating_add(lease);
+            let inserted = sqlx::query(
+                "INSERT INTO idem_records (tenant_id, key, principal, fingerprint, state, version, \
                    owner, lease_expires_at, attempts, created_at, updated_at) \
-                 SELECT ?, ?, ?, ?, 'PROCESSING', 1, ?, now + ?, 1, now, now FROM n WHERE true \
-                 ON CONFLICT (tenant_id, key) DO NOTHING \
-                 RETURNING version, lease_expires_at"
-            ))
-            .bind(clock.millis())
+                 VALUES (?, ?, ?, ?, 'PROCESSING', 1, ?, ?, 1, ?, ?) \
+                 ON CONFLICT (tenant_id, key) DO NOTHING",
+            )
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
             .bind(req.principal.as_str())
             .bind(&req.fingerprint.as_bytes()[..])
             .bind(req.owner.as_str())
-            .bind(lease)
-            .fetch_optional(&mut *conn)
+            .bind(lease_expires_at)
+            .bind(now)
+            .bind(now)
+            .execute(&mut *conn)
             .await
             .map_err(map_err)?;
-            if let Some((version, lease_expires_at)) = inserted {
+            if inserted.rows_affected() == 1 {
                 return Ok(Claim::Proceed(ClaimToken {
                     scope: req.scope.clone(),
                     owner: req.owner.clone(),
-                    version,
+                    version: 1,
                     lease_expires_at,
                     attempt: 1,
                     kind: ClaimKind::Fresh,
@@ -434,13 +438,14 @@ async fn finish_on(
         .map(|r| serde_json::to_string(&r.headers))
         .transpose()
         .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
-    let _w = lock(writer).await;
-    let row = sqlx::query(&format!(
+    let w = lock(writer).await;
+    // No RETURNING (see claim_on): the write commits as soon as it executes, and the
+    // record is read back afterwards without the write lock.
+    let updated = sqlx::query(&format!(
         "UPDATE idem_records SET state = ?, version = version + 1, lease_expires_at = NULL, \
            result_status = ?, result_headers = ?, result_body = ?, result_ref = ?, \
            updated_at = {NOW}, completed_at = CASE WHEN ? THEN {NOW} END \
-         WHERE tenant_id = ? AND key = ? AND version = ? AND owner = ? AND state = 'PROCESSING' \
-         RETURNING {RECORD_COLUMNS}"
+         WHERE tenant_id = ? AND key = ? AND version = ? AND owner = ? AND state = 'PROCESSING'"
     ))
     .bind(finish.state.as_str())
     .bind(result.map(|r| i64::from(r.status)))
@@ -454,13 +459,16 @@ async fn finish_on(
     .bind(token.scope.key.as_str())
     .bind(token.version)
     .bind(token.owner.as_str())
-    .fetch_optional(conn)
+    .execute(&mut *conn)
     .await
     .map_err(map_err)?;
-    match row {
-        Some(row) => record_from_row(&row),
-        None => Err(StoreError::superseded(token)),
+    drop(w);
+    if updated.rows_affected() == 0 {
+        return Err(StoreError::superseded(token));
     }
+    get_on(conn, &token.scope)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(token.scope.to_string()))
 }
 
 #[async_trait]

@@ -103,6 +103,9 @@ impl Load {
 }
 
 /// Runs `op(task, seq)` from `concurrency` tasks until `duration` passes.
+/// Alternating slices per phase and side.
+const ROUNDS: u32 = 8;
+
 pub(crate) async fn drive<F, Fut>(
     concurrency: usize,
     duration: Duration,
@@ -198,13 +201,14 @@ pub async fn run(
             "--concurrency and --duration must be positive".into(),
         ));
     }
-    let half = duration / 2;
+    // Many short alternating slices: load from elsewhere on the host lands on both sides.
+    let half = duration / ROUNDS;
     let run_id = uuid::Uuid::now_v7().simple().to_string();
 
     // claim+complete on fresh keys
     let mut idem = Load::default();
     let mut base = Load::default();
-    for round in 0..2 {
+    for round in 0..ROUNDS {
         let b = baseline.clone();
         let t = tenant.to_string();
         let prefix = format!("{run_id}-b{round}");
@@ -252,7 +256,7 @@ pub async fn run(
         .await?;
     let mut idem = Load::default();
     let mut base = Load::default();
-    for _ in 0..2 {
+    for _ in 0..ROUNDS {
         let b = baseline.clone();
         let t = tenant.to_string();
         let k = hot.clone();
