@@ -1,0 +1,431 @@
+//! What the gateway does: where it listens, where it forwards, which routes need a key,
+//! who the callers are, how long results stay in the short window, and its time limits.
+//!
+//! The configuration file is JSON (see [`GatewayConfig::from_file`]); every field has a
+//! default, so `{"upstream": "http://127.0.0.1:9000"}` is a complete file. Durations are
+//! whole milliseconds in fields ending in `_ms`. This module does no I/O besides reading
+//! the file and must not know about connections or stores.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::Method;
+use idem_core::{Fingerprinter, OutcomePolicy, Principal, TenantId};
+use serde::{Deserialize, Serialize};
+
+use crate::error::GatewayError;
+use crate::routes::{KeyRule, PathPattern};
+
+/// The whole gateway configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address to listen on. Port 0 picks a free port (see [`crate::bind`]).
+    pub listen: SocketAddr,
+    /// The upstream base URL: `http://host:port` with an optional path prefix. Plain HTTP
+    /// only; the gateway sits next to the service it protects. Required to start; a file
+    /// may leave it out when the command line supplies it (`--upstream`).
+    pub upstream: String,
+    /// Share the short window through Redis (`redis://host:port[/db]`); `None` keeps it in
+    /// this process's memory.
+    pub redis_url: Option<String>,
+    /// Key prefix in Redis (records and wake-up channels). No braces.
+    pub redis_prefix: String,
+    /// Bound on every Redis command and on each (re)connect attempt.
+    pub redis_timeout_ms: u64,
+    /// How long a completed response stays in the short window. Default 2 minutes.
+    pub window_ms: u64,
+    /// In-flight marker lease: how long an execution holds a key before another
+    /// instance may take it over. Renewed every third of it while the upstream works.
+    pub lease_ms: u64,
+    /// How long a duplicate waits for the first request's result before it gets 409.
+    pub max_wait_ms: u64,
+    /// Bound on one upstream exchange: response head for pass-through routes; head and
+    /// body for keyed routes. Past it on a keyed route the result is uncertain and the
+    /// gateway asks the upstream for the key's state.
+    pub upstream_timeout_ms: u64,
+    /// Bound on connecting to the upstream.
+    pub upstream_connect_timeout_ms: u64,
+    /// A client must send its request head within this time, or the connection is closed.
+    pub header_read_timeout_ms: u64,
+    /// A client must keep its body flowing: the longest pause between body chunks
+    /// (keyed routes also bound the whole body by it).
+    pub body_read_timeout_ms: u64,
+    /// Largest request body on a keyed route (it is buffered to fingerprint it); larger →
+    /// 413. Pass-through bodies are streamed and not limited by the gateway.
+    pub max_body_bytes: usize,
+    /// Largest upstream response on a keyed route (it is buffered to share it with
+    /// duplicates); larger → 502.
+    pub max_response_bytes: usize,
+    /// Responses up to this size are kept in the window for replay; a larger one reaches
+    /// its callers but later duplicates go to the upstream (with the same key).
+    pub max_stored_bytes: usize,
+    /// Which requests need `Idempotency-Key`; the first matching rule wins. Requests no
+    /// rule matches pass through untouched.
+    pub routes: Vec<RouteConfig>,
+    /// Callers: API keys and the tenants they stand for.
+    pub auth: AuthConfig,
+    /// Header carrying the authenticated tenant to the upstream. Always removed from
+    /// client requests: the upstream may trust it because only the gateway sets it.
+    pub tenant_header: String,
+    /// Header carrying the authenticated principal to the upstream (removed from client
+    /// requests too).
+    pub principal_header: String,
+    /// Optional shared secret sent upstream in `x-idem-gateway-token`, so the upstream
+    /// can tell the gateway's requests (and so its tenant header) from anyone else's.
+    pub upstream_token: Option<String>,
+    /// The upstream's idempotency-key state endpoint, asked after an uncertain result.
+    pub state_query: StateQueryConfig,
+    /// Which request headers and JSON fields count towards the fingerprint.
+    pub fingerprint: Fingerprinter,
+    /// Which upstream statuses end the intent in the window (replayed) and which leave
+    /// the key open for a retry (still shared with concurrent duplicates).
+    pub outcome_policy: OutcomePolicy,
+    /// Gateway's own endpoints (`<prefix>/metrics`, `<prefix>/health`); never forwarded.
+    pub admin_prefix: String,
+    /// Name of this instance in logs and record owners; `None` picks `gw-<uuid>`.
+    pub instance_id: Option<String>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            upstream: String::new(),
+            redis_url: None,
+            redis_prefix: "idem-gw".into(),
+            redis_timeout_ms: 1_000,
+            window_ms: 120_000,
+            lease_ms: 10_000,
+            max_wait_ms: 30_000,
+            upstream_timeout_ms: 30_000,
+            upstream_connect_timeout_ms: 2_000,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 10_000,
+            max_body_bytes: 1024 * 1024,
+            max_response_bytes: 8 * 1024 * 1024,
+            max_stored_bytes: 1024 * 1024,
+            routes: vec![RouteConfig {
+                methods: vec!["POST".into(), "PATCH".into()],
+                path: "/*".into(),
+                key: KeyRule::Required,
+            }],
+            auth: AuthConfig::default(),
+            tenant_header: "x-idem-tenant".into(),
+            principal_header: "x-idem-principal".into(),
+            upstream_token: None,
+            state_query: StateQueryConfig::default(),
+            fingerprint: Fingerprinter::default(),
+            outcome_policy: OutcomePolicy::default(),
+            admin_prefix: "/_idem".into(),
+            instance_id: None,
+        }
+    }
+}
+
+/// One route rule: methods plus a path pattern.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Methods the rule applies to (`["POST"]`); empty or `["*"]` means every method.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Path pattern: literal segments, `{name}` for one segment, a final `*` for any
+    /// rest (`/v1/orders`, `/v1/orders/{id}/confirm`, `/v1/*`).
+    pub path: String,
+    /// `required` (400 without a key), `optional` (coalesced when a key is sent) or
+    /// `none` (streamed through untouched).
+    #[serde(default)]
+    pub key: KeyRule,
+}
+
+/// Callers and their tenants.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Header carrying the API key. `authorization` expects `Bearer <key>`; any other
+    /// header carries the key as its whole value.
+    pub header: String,
+    /// API key → tenant (a string) or `{"tenant": …, "principal": …}`.
+    pub api_keys: BTreeMap<String, ApiKeyEntry>,
+    /// Also require a known API key on pass-through routes (default: only keyed routes
+    /// need one; an unknown key is refused everywhere).
+    pub require_on_passthrough: bool,
+    /// Remove the API key header before forwarding (default true: it is the gateway's
+    /// credential, not the upstream's).
+    pub strip_api_key: bool,
+    /// Tenant for callers without an API key. When no API keys are configured at all,
+    /// the gateway is single-tenant and callers without a key are tenant `default`;
+    /// once keys are configured, callers without one are refused on keyed routes unless
+    /// this is set.
+    pub anonymous_tenant: Option<TenantId>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            header: "x-api-key".into(),
+            api_keys: BTreeMap::new(),
+            require_on_passthrough: false,
+            strip_api_key: true,
+            anonymous_tenant: None,
+        }
+    }
+}
+
+/// What an API key stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ApiKeyEntry {
+    /// Just the tenant; the principal is the tenant too.
+    Tenant(TenantId),
+    Identity {
+        tenant: TenantId,
+        principal: Option<Principal>,
+    },
+}
+
+impl ApiKeyEntry {
+    pub fn tenant(&self) -> &TenantId {
+        match self {
+            ApiKeyEntry::Tenant(t) | ApiKeyEntry::Identity { tenant: t, .. } => t,
+        }
+    }
+
+    pub fn principal(&self) -> Principal {
+        match self {
+            ApiKeyEntry::Identity {
+                principal: Some(p), ..
+            } => p.clone(),
+            other => {
+                Principal::new(other.tenant().as_str()).expect("a tenant id is a valid principal")
+            }
+        }
+    }
+}
+
+/// The upstream's key state endpoint (the business layer's answer to "did my request
+/// with this key take effect?").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StateQueryConfig {
+    pub method: String,
+    /// Path template; `{key}` is replaced by the percent-encoded key.
+    pub path: String,
+    pub timeout_ms: u64,
+    /// How many times an uncertain request may be re-sent (same key, same body) when the
+    /// upstream reports the key absent. Bounded; 0 never re-sends.
+    pub max_retries: u32,
+}
+
+impl Default for StateQueryConfig {
+    fn default() -> Self {
+        Self {
+            method: "GET".into(),
+            path: "/v1/idempotency-keys/{key}".into(),
+            timeout_ms: 5_000,
+            max_retries: 2,
+        }
+    }
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+impl GatewayConfig {
+    /// A default configuration for `listen` and `upstream`.
+    pub fn new(listen: SocketAddr, upstream: impl Into<String>) -> Self {
+        Self {
+            listen,
+            upstream: upstream.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Reads a JSON configuration file; missing fields take their defaults, unknown
+    /// fields are an error. The result is validated.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, GatewayError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| GatewayError::Config(format!("reading {}: {e}", path.display())))?;
+        Self::from_json(&text).map_err(|e| GatewayError::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses and validates a JSON configuration (an absent `upstream` is allowed here:
+    /// the command line may supply it; starting checks it).
+    pub fn from_json(text: &str) -> Result<Self, GatewayError> {
+        let config: GatewayConfig =
+            serde_json::from_str(text).map_err(|e| GatewayError::Config(e.to_string()))?;
+        config.check(config.upstream.is_empty())?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: URLs, patterns, methods, header names, bounds.
+    pub fn validate(&self) -> Result<(), GatewayError> {
+        self.check(false)
+    }
+
+    fn check(&self, upstream_may_be_missing: bool) -> Result<(), GatewayError> {
+        let bad = |msg: String| Err(GatewayError::Config(msg));
+        if self.upstream.is_empty() {
+            if !upstream_may_be_missing {
+                return bad(
+                    "upstream is required (--upstream URL or \"upstream\" in the file)".into(),
+                );
+            }
+        } else {
+            crate::upstream::UpstreamBase::parse(&self.upstream)?;
+        }
+        if self.redis_prefix.is_empty() || self.redis_prefix.contains(['{', '}']) {
+            return bad(format!(
+                "redis_prefix must be non-empty and free of braces, got {:?}",
+                self.redis_prefix
+            ));
+        }
+        for (name, v) in [
+            ("window_ms", self.window_ms),
+            ("lease_ms", self.lease_ms),
+            ("upstream_timeout_ms", self.upstream_timeout_ms),
+            (
+                "upstream_connect_timeout_ms",
+                self.upstream_connect_timeout_ms,
+            ),
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("redis_timeout_ms", self.redis_timeout_ms),
+            ("state_query.timeout_ms", self.state_query.timeout_ms),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be positive"));
+            }
+        }
+        if self.lease_ms > idem_core::store::MAX_LEASE.as_millis() as u64 {
+            return bad("lease_ms is longer than a store accepts".into());
+        }
+        for rule in &self.routes {
+            PathPattern::parse(&rule.path)?;
+            for m in &rule.methods {
+                if m != "*" && Method::from_bytes(m.as_bytes()).is_err() {
+                    return bad(format!("route {}: bad method {m:?}", rule.path));
+                }
+            }
+        }
+        for (what, name) in [
+            ("tenant_header", &self.tenant_header),
+            ("principal_header", &self.principal_header),
+            ("auth.header", &self.auth.header),
+        ] {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return bad(format!("{what} {name:?} is not a header name"));
+            }
+        }
+        if let Some(token) = &self.upstream_token {
+            if http::HeaderValue::from_str(token).is_err() {
+                return bad("upstream_token is not a valid header value".into());
+            }
+        }
+        if !self.state_query.path.starts_with('/') || !self.state_query.path.contains("{key}") {
+            return bad("state_query.path must start with / and contain {key}".into());
+        }
+        if Method::from_bytes(self.state_query.method.as_bytes()).is_err() {
+            return bad("state_query.method is not a method".into());
+        }
+        if !self.admin_prefix.starts_with('/') || self.admin_prefix.len() < 2 {
+            return bad("admin_prefix must start with / and name a path".into());
+        }
+        Ok(())
+    }
+
+    pub fn window(&self) -> Duration {
+        ms(self.window_ms)
+    }
+    pub fn lease(&self) -> Duration {
+        ms(self.lease_ms)
+    }
+    pub fn max_wait(&self) -> Duration {
+        ms(self.max_wait_ms)
+    }
+    pub fn upstream_timeout(&self) -> Duration {
+        ms(self.upstream_timeout_ms)
+    }
+    pub fn upstream_connect_timeout(&self) -> Duration {
+        ms(self.upstream_connect_timeout_ms)
+    }
+    pub fn header_read_timeout(&self) -> Duration {
+        ms(self.header_read_timeout_ms)
+    }
+    pub fn body_read_timeout(&self) -> Duration {
+        ms(self.body_read_timeout_ms)
+    }
+    pub fn redis_timeout(&self) -> Duration {
+        ms(self.redis_timeout_ms)
+    }
+    pub fn state_query_timeout(&self) -> Duration {
+        ms(self.state_query.timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_file_takes_defaults() {
+        let c = GatewayConfig::from_json(r#"{"upstream": "http://127.0.0.1:9000"}"#).unwrap();
+        assert_eq!(c.window(), Duration::from_secs(120));
+        assert_eq!(c.state_query.path, "/v1/idempotency-keys/{key}");
+        assert_eq!(c.routes[0].key, KeyRule::Required);
+    }
+
+    #[test]
+    fn full_file() {
+        let c = GatewayConfig::from_json(
+            r#"{
+              "listen": "127.0.0.1:0",
+              "upstream": "http://127.0.0.1:9000/api",
+              "redis_url": "redis://127.0.0.1:6379",
+              "window_ms": 60000,
+              "routes": [
+                {"methods": ["POST"], "path": "/v1/orders", "key": "required"},
+                {"path": "/v1/search", "key": "none"},
+                {"methods": ["PUT"], "path": "/v1/carts/{id}", "key": "optional"}
+              ],
+              "auth": {"api_keys": {"k1": "tenant-1", "k2": {"tenant": "t2", "principal": "bob"}}},
+              "state_query": {"path": "/internal/keys/{key}", "max_retries": 1}
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(c.routes.len(), 3);
+        assert_eq!(c.auth.api_keys["k1"].tenant().as_str(), "tenant-1");
+        assert_eq!(c.auth.api_keys["k1"].principal().as_str(), "tenant-1");
+        assert_eq!(c.auth.api_keys["k2"].principal().as_str(), "bob");
+        assert_eq!(c.state_query.max_retries, 1);
+    }
+
+    #[test]
+    fn upstream_may_come_later() {
+        let mut c = GatewayConfig::from_json(r#"{"window_ms": 1000}"#).unwrap();
+        assert!(c.validate().is_err(), "starting needs an upstream");
+        c.upstream = "http://127.0.0.1:1".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        for bad in [
+            r#"{"upstream": "ftp://x"}"#,
+            r#"{"upstream": "http://x", "unknown": 1}"#,
+            r#"{"upstream": "http://x", "window_ms": 0}"#,
+            r#"{"upstream": "http://x", "routes": [{"path": "no-slash"}]}"#,
+            r#"{"upstream": "http://x", "routes": [{"path": "/a", "methods": ["P O"]}]}"#,
+            r#"{"upstream": "http://x", "auth": {"api_keys": {"k": ""}}}"#,
+            r#"{"upstream": "http://x", "state_query": {"path": "/no-key"}}"#,
+            r#"{"upstream": "http://x", "redis_prefix": "a{b}"}"#,
+        ] {
+            assert!(GatewayConfig::from_json(bad).is_err(), "{bad}");
+        }
+    }
+}

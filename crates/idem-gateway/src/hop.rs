@@ -1,0 +1,88 @@
+//! Hop-by-hop headers (RFC 9110 §7.6.1): what a proxy must not forward.
+//!
+//! Removes `Connection`, every header `Connection` names, and the fields that are
+//! hop-by-hop by definition (`Keep-Alive`, `Proxy-Connection`, `TE`, `Transfer-Encoding`,
+//! `Upgrade`, `Trailer`, `Proxy-Authenticate`, `Proxy-Authorization`). Message framing
+//! is re-done by the outgoing connection. Owns nothing else.
+
+use http::header::{
+    HeaderMap, HeaderName, CONNECTION, PROXY_AUTHENTICATE, PROXY_AUTHORIZATION, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
+};
+
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Strips hop-by-hop fields from `headers` in place.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Fields named by Connection are hop-by-hop for this message only.
+    if headers.contains_key(CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+        headers.remove(CONNECTION);
+    }
+    for name in [
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        TE,
+        TRANSFER_ENCODING,
+        UPGRADE,
+        TRAILER,
+        PROXY_AUTHENTICATE,
+        PROXY_AUTHORIZATION,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// Whether a header name is hop-by-hop by definition (used when storing responses).
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    [
+        CONNECTION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        TE,
+        TRANSFER_ENCODING,
+        UPGRADE,
+        TRAILER,
+        PROXY_AUTHENTICATE,
+        PROXY_AUTHORIZATION,
+    ]
+    .contains(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn removes_listed_and_defined_fields() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret ,close"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("s"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(TE, HeaderValue::from_static("trailers"));
+        h.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
+        h.insert(PROXY_AUTHORIZATION, HeaderValue::from_static("Basic x"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        h.insert("content-length", HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, vec!["content-length", "x-kept"]);
+    }
+}

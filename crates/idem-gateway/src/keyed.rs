@@ -1,0 +1,460 @@
+//! The keyed flow: one execution per `(tenant, key)`, shared by every duplicate.
+//!
+//! ```text
+//! arrival ─▶ in-flight here? ── same fingerprint ─▶ wait for its outcome (coalesced)
+//!                 │           └─ different ───────▶ 422 at once
+//!                 └─ no ─▶ start a flight (a task of its own, so a client hanging up
+//!                          cannot cancel it) and wait for its outcome like everyone else
+//!
+//! flight ─▶ claim in the window ─ proceed ─▶ forward (heartbeat the lease) ─▶ finish, publish
+//!                               ─ replay ──▶ the stored response (window hit)
+//!                               ─ mismatch ▶ 422
+//!                               ─ in progress (another instance) ─▶ subscribe, re-claim,
+//!                                  sleep until the wake-up or the lease deadline, re-claim
+//!                               ─ unreachable ─▶ forward with the key (degraded)
+//!
+//! forward ─▶ complete response ─────────────▶ it
+//!         ─▶ not sent (connect failed) ──────▶ 502
+//!         ─▶ uncertain (timeout, broken) ───▶ ask the upstream for the key's state:
+//!              done ──▶ its stored response; processing ─▶ 409 + Retry-After;
+//!              absent ▶ re-send the same request with the same key (bounded);
+//!              unknown ▶ 504, nothing re-sent
+//! ```
+//!
+//! The gateway never mints a key and never re-sends without knowing the upstream has
+//! not got the request: the only re-send follows the upstream's own "absent" answer, and
+//! carries the same key.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue};
+use http::{Method, Response};
+use idem_core::{
+    Claim, ClaimRequest, ClaimToken, ErrorKind, Fingerprint, Finish, Outcome as Ending, Principal,
+    RecordState, Scope,
+};
+use idem_http::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::body::Body;
+use crate::problem::{Problem, ProblemKind, ProblemType};
+use crate::service::Ctx;
+use crate::upstream::{Captured, Exchange, KeyState};
+
+/// A keyed request, buffered and fingerprinted, its headers ready for the upstream.
+#[derive(Debug)]
+pub(crate) struct KeyedRequest {
+    pub scope: Scope,
+    pub principal: Principal,
+    pub fingerprint: Fingerprint,
+    pub method: Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// What every arrival of one flight gets.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Response {
+        captured: Captured,
+        /// Came from a stored record (the window or the upstream's state endpoint).
+        replayed: bool,
+    },
+    Problem(Problem),
+}
+
+type Slot = watch::Receiver<Option<Arc<Outcome>>>;
+
+struct Flight {
+    fingerprint: Fingerprint,
+    outcome: Slot,
+}
+
+/// Executions in flight in this process, by scope.
+#[derive(Default)]
+pub(crate) struct Flights {
+    map: Mutex<HashMap<Scope, Flight>>,
+}
+
+impl Flights {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, Flight>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// Ends a flight: publishes its outcome (a problem if the driver died) and removes it.
+struct FlightGuard {
+    ctx: Arc<Ctx>,
+    scope: Scope,
+    tx: watch::Sender<Option<Arc<Outcome>>>,
+}
+
+impl FlightGuard {
+    fn complete(&self, outcome: Outcome) {
+        self.tx.send_replace(Some(Arc::new(outcome)));
+    }
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        if self.tx.borrow().is_none() {
+            self.complete(Outcome::Problem(Problem::new(
+                ProblemKind::ExecutionFailed,
+                "the gateway's execution of this key ended unexpectedly; retry with the same key",
+            )));
+        }
+        self.ctx.flights.lock().remove(&self.scope);
+    }
+}
+
+/// Handles one keyed arrival: joins the flight for its scope or starts one.
+pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
+    let (mut slot, leader) = {
+        let mut map = ctx.flights.lock();
+        match map.get(&req.scope) {
+            Some(f) if f.fingerprint != req.fingerprint => {
+                drop(map);
+                return ctx.problem(Problem::new(
+                    ProblemKind::KeyReused,
+                    "this Idempotency-Key is being used right now for a different request",
+                ));
+            }
+            Some(f) => (f.outcome.clone(), false),
+            None => {
+                let (tx, rx) = watch::channel(None);
+                map.insert(
+                    req.scope.clone(),
+                    Flight {
+                        fingerprint: req.fingerprint,
+                        outcome: rx.clone(),
+                    },
+                );
+                let guard = FlightGuard {
+                    ctx: ctx.clone(),
+                    scope: req.scope.clone(),
+                    tx,
+                };
+                tokio::spawn(fly(ctx.clone(), req, guard));
+                (rx, true)
+            }
+        }
+    };
+    if !leader {
+        ctx.metrics.coalesced();
+    }
+    let outcome = match slot.wait_for(Option::is_some).await {
+        Ok(v) => v.clone().expect("waited for a value"),
+        // The guard always sends before the sender goes away; this is unreachable.
+        Err(_) => Arc::new(Outcome::Problem(Problem::new(
+            ProblemKind::ExecutionFailed,
+            "the execution of this key was lost",
+        ))),
+    };
+    respond(&ctx, &outcome, !leader)
+}
+
+fn respond(ctx: &Ctx, outcome: &Outcome, follower: bool) -> Response<Body> {
+    match outcome {
+        Outcome::Response { captured, replayed } => {
+            let mut r = captured.to_response();
+            if *replayed || follower {
+                r.headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            }
+            r
+        }
+        Outcome::Problem(p) => ctx.problem(p.clone()),
+    }
+}
+
+async fn fly(ctx: Arc<Ctx>, req: KeyedRequest, guard: FlightGuard) {
+    let outcome = resolve(&ctx, &req).await;
+    guard.complete(outcome);
+}
+
+/// Claims the key in the window and acts on the answer (see the module docs).
+async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
+    let claim = ClaimRequest {
+        scope: req.scope.clone(),
+        principal: req.principal.clone(),
+        fingerprint: req.fingerprint,
+        owner: ctx.next_owner(),
+        lease: ctx.config.lease(),
+    };
+    let deadline = Instant::now() + ctx.config.max_wait();
+    let mut subscription = None;
+    let mut counted = false;
+    loop {
+        match ctx.window.claim(&claim).await {
+            Err(e) => {
+                if e.is_unavailable() {
+                    tracing::debug!(scope = %req.scope, error = %e, "window unreachable; forwarding with the key");
+                } else {
+                    tracing::error!(scope = %req.scope, error = %e, "window error; forwarding with the key");
+                }
+                ctx.metrics.degraded_request();
+                return forward(ctx, req).await.outcome;
+            }
+            Ok(Claim::Proceed(token)) => return execute(ctx, req, token).await,
+            Ok(Claim::Replay(record)) => {
+                ctx.metrics.window_hit();
+                return match record.result.as_ref().and_then(Captured::from_stored) {
+                    Some(captured) => Outcome::Response {
+                        captured,
+                        replayed: true,
+                    },
+                    None => Outcome::Problem(Problem::new(
+                        ProblemKind::ResultNotStored,
+                        "the first request with this key ended without a stored response",
+                    )),
+                };
+            }
+            Ok(Claim::Mismatch { .. }) => {
+                return Outcome::Problem(Problem::new(
+                    ProblemKind::KeyReused,
+                    "this Idempotency-Key was already used for a different request",
+                ))
+            }
+            Ok(Claim::InProgress {
+                lease_expires_at,
+                now,
+                ..
+            }) => {
+                if !counted {
+                    ctx.metrics.coalesced();
+                    counted = true;
+                }
+                let lease_left = Duration::from_millis((lease_expires_at - now).max(0) as u64);
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Outcome::Problem(
+                        Problem::new(
+                            ProblemKind::RequestInProgress,
+                            "the first request with this key is still being processed",
+                        )
+                        .retry_after(lease_left.max(Duration::from_secs(1))),
+                    );
+                }
+                match &mut subscription {
+                    // Subscribe first, then re-read: a completion in between is not lost.
+                    None => subscription = Some(ctx.window.subscribe(&req.scope).await),
+                    Some(sub) => {
+                        let sleep = (lease_left + Duration::from_millis(20)).min(left);
+                        tokio::select! {
+                            _ = sub.changed() => {}
+                            _ = tokio::time::sleep(sleep) => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs the claimed execution: forward with a lease heartbeat, finish the record, wake
+/// other instances.
+async fn execute(ctx: &Arc<Ctx>, req: &KeyedRequest, token: ClaimToken) -> Outcome {
+    let lease = ctx.config.lease();
+    let every = (lease / 3).max(Duration::from_millis(10));
+    let work = forward(ctx, req);
+    tokio::pin!(work);
+    let mut beat = tokio::time::interval_at(Instant::now() + every, every);
+    let resolution = loop {
+        tokio::select! {
+            r = &mut work => break r,
+            _ = beat.tick() => {
+                if let Err(e) = ctx.window.extend(&token, lease).await {
+                    tracing::warn!(scope = %req.scope, error = %e, "lease heartbeat failed");
+                }
+            }
+        }
+    };
+    let finished = match ctx.window.finish(&token, resolution.finish).await {
+        Err(e) if e.kind() == ErrorKind::InvalidInput => {
+            // Too large to keep: later duplicates go to the upstream with the key.
+            ctx.window
+                .finish(
+                    &token,
+                    Finish {
+                        state: RecordState::FailedRetryable,
+                        result: None,
+                    },
+                )
+                .await
+        }
+        other => other,
+    };
+    if let Err(e) = finished {
+        tracing::warn!(scope = %req.scope, error = %e, "finishing the window record failed; it frees when its lease ends");
+    }
+    if ctx.window.is_shared() {
+        // Other instances may wait on this key; local duplicates get the outcome
+        // directly, so this need not delay them.
+        let ctx2 = ctx.clone();
+        let scope = req.scope.clone();
+        tokio::spawn(async move { ctx2.window.publish(&scope).await });
+    }
+    resolution.outcome
+}
+
+/// An outcome and how the window record ends.
+pub(crate) struct Resolution {
+    outcome: Outcome,
+    finish: Finish,
+}
+
+impl Resolution {
+    fn response(ctx: &Ctx, captured: Captured, replayed: bool) -> Self {
+        let state = ctx
+            .config
+            .outcome_policy
+            .classify(Ending::Status(captured.status.as_u16()));
+        let keep = state.is_terminal() && captured.body.len() <= ctx.config.max_stored_bytes;
+        let finish = if keep {
+            Finish {
+                state,
+                result: Some(captured.to_stored()),
+            }
+        } else {
+            Finish {
+                state: RecordState::FailedRetryable,
+                result: None,
+            }
+        };
+        Self {
+            outcome: Outcome::Response { captured, replayed },
+            finish,
+        }
+    }
+
+    fn problem(problem: Problem) -> Self {
+        Self {
+            outcome: Outcome::Problem(problem),
+            finish: Finish {
+                state: RecordState::FailedRetryable,
+                result: None,
+            },
+        }
+    }
+}
+
+/// The headers a state query carries: the identity the gateway set and the key.
+fn state_query_headers(ctx: &Ctx, headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in [
+        &ctx.tenant_header,
+        &ctx.principal_header,
+        &crate::service::GATEWAY_TOKEN,
+        &IDEMPOTENCY_KEY,
+    ] {
+        if let Some(v) = headers.get(name) {
+            out.insert(name.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// Sends the request upstream and settles an uncertain result through the state query.
+async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
+    ctx.metrics.upstream_call("keyed");
+    let send = || {
+        ctx.upstream.exchange(
+            &req.method,
+            &req.path_and_query,
+            &req.headers,
+            req.body.clone(),
+        )
+    };
+    let mut exchange = send().await;
+    let mut resends_left = ctx.config.state_query.max_retries;
+    loop {
+        match exchange {
+            Exchange::Complete(captured) => return Resolution::response(ctx, captured, false),
+            Exchange::NotSent(e) => {
+                return Resolution::problem(
+                    Problem::new(
+                        ProblemType::UpstreamUnavailable,
+                        format!("the upstream could not be reached: {e}"),
+                    )
+                    .retry_after(Duration::from_secs(1)),
+                )
+            }
+            Exchange::TooLarge => {
+                return Resolution::problem(Problem::new(
+                    ProblemType::UpstreamResponseTooLarge,
+                    format!(
+                        "the upstream answered with more than {} bytes",
+                        ctx.config.max_response_bytes
+                    ),
+                ))
+            }
+            Exchange::Uncertain(why) => {
+                ctx.metrics.uncertain();
+                tracing::warn!(scope = %req.scope, reason = %why, "uncertain upstream result; asking the upstream for the key's state");
+                let state = ctx
+                    .upstream
+                    .query_state(
+                        &ctx.state_method,
+                        &ctx.config.state_query.path,
+                        req.scope.key.as_str(),
+                        &state_query_headers(ctx, &req.headers),
+                        ctx.config.state_query_timeout(),
+                    )
+                    .await;
+                match state {
+                    Ok(KeyState::Done(captured)) => {
+                        ctx.metrics.state_query("succeeded");
+                        return Resolution::response(ctx, captured, true);
+                    }
+                    Ok(KeyState::Processing { retry_after }) => {
+                        ctx.metrics.state_query("processing");
+                        return Resolution::problem(
+                            Problem::new(
+                                ProblemKind::RequestInProgress,
+                                "the upstream is still processing this key",
+                            )
+                            .retry_after(retry_after.unwrap_or(Duration::from_secs(1))),
+                        );
+                    }
+                    Ok(KeyState::Absent) => {
+                        ctx.metrics.state_query("absent");
+                        if resends_left == 0 {
+                            return Resolution::problem(
+                                Problem::new(
+                                    ProblemType::UpstreamResultUnknown,
+                                    format!("the upstream did not complete the request ({why}) and reports the key absent; retry with the same key"),
+                                )
+                                .retry_after(Duration::from_secs(1)),
+                            );
+                        }
+                        resends_left -= 1;
+                        ctx.metrics.resend();
+                        ctx.metrics.upstream_call("keyed");
+                        tracing::info!(scope = %req.scope, "upstream reports the key absent; re-sending with the same key");
+                        exchange = send().await;
+                    }
+                    Err(e) => {
+                        ctx.metrics.state_query("error");
+                        tracing::warn!(scope = %req.scope, error = %e, "key state query failed; not re-sending");
+                        return Resolution::problem(
+                            Problem::new(
+                                ProblemType::UpstreamResultUnknown,
+                                format!("{why}; the key's state could not be read ({e})"),
+                            )
+                            .retry_after(Duration::from_secs(1)),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

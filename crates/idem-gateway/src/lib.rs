@@ -1,0 +1,248 @@
+//! idem gateway: a reverse proxy that requires idempotency keys, coalesces duplicates,
+//! keeps completed responses for a short window, and never mints a key.
+//!
+//! It is the first of idem's two layers (BRIEF §3): it absorbs short bursts of duplicates
+//! (double clicks, client retries, concurrent resends) in front of any HTTP service. The
+//! business service behind it stays the source of truth; the gateway passes every key
+//! through unchanged and, when it cannot know an outcome, asks that service instead of
+//! guessing.
+//!
+//! | a request on a keyed route | gets |
+//! |---|---|
+//! | no `Idempotency-Key` | 400 |
+//! | a key while the same key (same request) is in flight, here or on another instance | waits, then the same response with `Idempotent-Replayed: true` |
+//! | the same key with a different payload | 422 at once |
+//! | a key whose response is in the window | the stored response, replayed |
+//! | a new key | one upstream call; its response is kept for the window |
+//! | an upstream timeout after sending | the upstream's key state: the stored response, 409 + `Retry-After`, or a bounded re-send with the same key |
+//!
+//! Routes without a key rule stream through untouched. With `redis_url` the window, the
+//! in-flight markers (with leases) and the wake-ups (pub/sub) live in Redis and many
+//! instances share them; if Redis is unreachable the gateway keeps forwarding with the
+//! key and reports degraded mode.
+//!
+//! # What the upstream gets and must provide
+//!
+//! - `Idempotency-Key` exactly as the client sent it; the gateway never creates one.
+//! - The authenticated tenant in `x-idem-tenant` and principal in `x-idem-principal`
+//!   (names configurable). Client-sent copies are removed, so the upstream may trust them
+//!   from the gateway; `upstream_token` adds `x-idem-gateway-token` to prove the sender.
+//! - Hop-by-hop fields removed (RFC 9110 §7.6.1), `Host` set to the upstream,
+//!   `X-Forwarded-For` / `X-Forwarded-Host` added, the API key removed.
+//! - For uncertain results, a key state endpoint (default
+//!   `GET /v1/idempotency-keys/{key}`, same identity headers) answering JSON such as
+//!   `{"state": "SUCCEEDED", "response": {"status": 201, "headers": [["content-type",
+//!   "application/json"]], "body": "…"}}`, `{"state": "PROCESSING"}` or (200 or 404)
+//!   `{"state": "ABSENT"}`; see [`upstream::parse_key_state`]. A 404 without a state is
+//!   treated as "unknown", never as "absent", so a missing endpoint cannot cause a re-send.
+//!
+//! # Embedding (the CLI does this)
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), idem_gateway::GatewayError> {
+//! let mut config = idem_gateway::GatewayConfig::from_file("gateway.json")?;
+//! config.listen = "127.0.0.1:8080".parse().unwrap();
+//! idem_gateway::run(config, async { let _ = tokio::signal::ctrl_c().await; }).await
+//! # }
+//! ```
+//!
+//! Modules: [`config`] (the JSON file), [`routes`], [`auth`], [`memory`] (the in-process
+//! window store), [`window`], [`wakeup`], [`upstream`] (client, state query), [`problem`],
+//! [`metrics`], [`stub`] (a business-service stand-in for tests and the bench),
+//! [`mod@bench`].
+
+pub mod auth;
+pub mod bench;
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod hop;
+mod keyed;
+mod lazy;
+pub mod memory;
+pub mod metrics;
+mod pool;
+pub mod problem;
+pub mod routes;
+mod service;
+pub mod stub;
+pub mod upstream;
+pub mod wakeup;
+pub mod window;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use config::{ApiKeyEntry, AuthConfig, GatewayConfig, RouteConfig, StateQueryConfig};
+pub use error::GatewayError;
+pub use memory::{MemoryOptions, MemoryStore};
+pub use metrics::GatewayMetrics;
+pub use problem::{Problem, ProblemType};
+pub use routes::KeyRule;
+pub use service::GATEWAY_TOKEN;
+
+/// How long open connections may finish their requests after shutdown begins.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves until `shutdown` resolves, then drains open connections (bounded by
+/// [`SHUTDOWN_GRACE`]).
+pub async fn run(
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
+    let (_, handle) = bind(config, shutdown).await?;
+    handle
+        .await
+        .map_err(|e| GatewayError::Io(std::io::Error::other(e)))?
+}
+
+/// Binds the listener (port 0 picks a free one) and serves in a task until `shutdown`
+/// resolves. Returns the bound address and the serving task.
+pub async fn bind(
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, JoinHandle<Result<(), GatewayError>>), GatewayError> {
+    let (addr, _, handle) = start_with(config, shutdown).await?;
+    Ok((addr, handle))
+}
+
+/// A gateway serving in the background: its address and counters, stopped by
+/// [`RunningGateway::stop`] (or when dropped).
+pub struct RunningGateway {
+    pub addr: SocketAddr,
+    metrics: Arc<GatewayMetrics>,
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<Result<(), GatewayError>>,
+}
+
+impl RunningGateway {
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn metrics(&self) -> &GatewayMetrics {
+        &self.metrics
+    }
+
+    /// The counters, for holding after the gateway is stopped or moved.
+    pub fn shared_metrics(&self) -> Arc<GatewayMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Stops accepting, drains connections, and returns how serving ended.
+    pub async fn stop(mut self) -> Result<(), GatewayError> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        (&mut self.handle)
+            .await
+            .map_err(|e| GatewayError::Io(std::io::Error::other(e)))?
+    }
+}
+
+impl Drop for RunningGateway {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Starts a gateway in the background (tests, the bench).
+pub async fn start(config: GatewayConfig) -> Result<RunningGateway, GatewayError> {
+    let (tx, rx) = oneshot::channel::<()>();
+    let (addr, metrics, handle) = start_with(config, async move {
+        let _ = rx.await;
+    })
+    .await?;
+    Ok(RunningGateway {
+        addr,
+        metrics,
+        stop: Some(tx),
+        handle,
+    })
+}
+
+type Started = (
+    SocketAddr,
+    Arc<GatewayMetrics>,
+    JoinHandle<Result<(), GatewayError>>,
+);
+
+async fn start_with(
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Started, GatewayError> {
+    let listen = config.listen;
+    let ctx = Arc::new(service::Ctx::new(config)?);
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, upstream = %ctx.config.upstream, window = ctx.window.backend(), instance = %ctx.instance, "idem gateway listening");
+    let metrics = ctx.metrics.clone();
+    let handle = tokio::spawn(serve(listener, ctx, shutdown));
+    Ok((addr, metrics, handle))
+}
+
+async fn serve(
+    listener: TcpListener,
+    ctx: Arc<service::Ctx>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), GatewayError> {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(ctx.config.header_read_timeout())
+        .keep_alive(true)
+        .writev(false);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: keep serving the open ones.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let ctx = ctx.clone();
+                let peer_info = Arc::new(service::Peer::new(peer));
+                let svc = service_fn(move |req| service::serve(ctx.clone(), peer_info.clone(), req));
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    tracing::info!("idem gateway shutting down");
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown grace period; closing");
+    }
+    Ok(())
+}

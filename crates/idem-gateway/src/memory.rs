@@ -1,0 +1,338 @@
+//! The short window in this process's memory: an [`IdempotencyStore`] for a single
+//! gateway instance (the default when no Redis is configured).
+//!
+//! Same contract as every store (the shared conformance suite runs against it): claims
+//! are atomic (one mutex around the map), finish and extend are compare-and-sets on
+//! version and owner, times come from the store's clock (the system clock plus a
+//! [`ClockShift`]). Records expire like the Redis store's: a finished record `window`
+//! after it finished, a PROCESSING one `window` after its lease deadline. Expired records
+//! are invisible at once and removed by an amortised sweep (a min-heap of deadlines), so
+//! memory stays bounded by the traffic of one window.
+//!
+//! Nothing survives the process: this store dedups bursts, the business layer stays the
+//! source of truth.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use idem_core::store::check_lease;
+use idem_core::{
+    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
+    IdempotencyKey, IdempotencyStore, Millis, Record, RecordState, Scope, StoreError, StoreLimits,
+    TenantId,
+};
+
+/// How to build a [`MemoryStore`].
+#[derive(Debug, Clone)]
+pub struct MemoryOptions {
+    /// How long a finished record is kept (and how long a PROCESSING record outlives its
+    /// lease).
+    pub window: Duration,
+    pub limits: StoreLimits,
+    /// Added to the system clock; zero in production.
+    pub clock: ClockShift,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(120),
+            limits: StoreLimits::default(),
+            clock: ClockShift::new(),
+        }
+    }
+}
+
+struct Entry {
+    record: Record,
+    expires_at: Millis,
+}
+
+#[derive(Default)]
+struct State {
+    records: HashMap<Scope, Entry>,
+    /// (deadline, scope) pairs; stale pairs (the record was rewritten with a later
+    /// deadline) are skipped by the sweep.
+    expiries: BinaryHeap<Reverse<(Millis, TenantId, IdempotencyKey)>>,
+}
+
+impl State {
+    fn sweep(&mut self, now: Millis) {
+        while let Some(Reverse((at, _, _))) = self.expiries.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((_, tenant, key))) = self.expiries.pop() else {
+                break;
+            };
+            let scope = Scope::new(tenant, key);
+            if self
+                .records
+                .get(&scope)
+                .is_some_and(|e| e.expires_at <= now)
+            {
+                self.records.remove(&scope);
+            }
+        }
+    }
+
+    fn live(&mut self, scope: &Scope, now: Millis) -> Option<&mut Entry> {
+        self.records.get_mut(scope).filter(|e| e.expires_at > now)
+    }
+
+    fn put(&mut self, record: Record, expires_at: Millis) {
+        let scope = Scope::new(record.tenant.clone(), record.key.clone());
+        self.expiries.push(Reverse((
+            expires_at,
+            scope.tenant.clone(),
+            scope.key.clone(),
+        )));
+        self.records.insert(scope, Entry { record, expires_at });
+    }
+}
+
+/// Idempotency records in process memory. Cheap to clone; clones share the records.
+#[derive(Clone)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+    window_ms: i64,
+    limits: StoreLimits,
+    clock: ClockShift,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("window_ms", &self.window_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    pub fn new(options: MemoryOptions) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(State::default())),
+            window_ms: i64::try_from(options.window.as_millis()).unwrap_or(i64::MAX / 4),
+            limits: options.limits,
+            clock: options.clock,
+        }
+    }
+
+    /// Records currently held (expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.lock().records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn now(&self) -> Millis {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        wall + self.clock.millis()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a record half-written (every
+        // mutation is a single insert), so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+#[async_trait]
+impl IdempotencyStore for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.limits.check_claim(req)?;
+        let now = self.now();
+        let deadline = now + lease_ms(req.lease);
+        let mut st = self.lock();
+        st.sweep(now);
+        let (record, kind) = match st.live(&req.scope, now) {
+            None => (
+                Record {
+                    tenant: req.scope.tenant.clone(),
+                    key: req.scope.key.clone(),
+                    principal: req.principal.clone(),
+                    fingerprint: req.fingerprint,
+                    state: RecordState::Processing,
+                    version: 1,
+                    owner: Some(req.owner.clone()),
+                    lease_expires_at: Some(deadline),
+                    result: None,
+                    attempts: 1,
+                    created_at: now,
+                    updated_at: now,
+                    completed_at: None,
+                },
+                ClaimKind::Fresh,
+            ),
+            Some(entry) => match decide(&entry.record, req, now) {
+                Decision::Replay => return Ok(Claim::Replay(entry.record.clone())),
+                Decision::Mismatch => {
+                    return Ok(Claim::Mismatch {
+                        state: entry.record.state,
+                    })
+                }
+                Decision::InProgress => {
+                    return Ok(Claim::InProgress {
+                        owner: entry.record.owner.clone(),
+                        lease_expires_at: entry.record.lease_expires_at.unwrap_or(now),
+                        now,
+                    })
+                }
+                Decision::TakeOver(kind) => {
+                    let mut r = entry.record.clone();
+                    r.state = RecordState::Processing;
+                    r.version += 1;
+                    r.attempts += 1;
+                    r.owner = Some(req.owner.clone());
+                    r.lease_expires_at = Some(deadline);
+                    r.result = None;
+                    r.completed_at = None;
+                    r.updated_at = now;
+                    (r, kind)
+                }
+            },
+        };
+        let token = ClaimToken {
+            scope: req.scope.clone(),
+            owner: req.owner.clone(),
+            version: record.version,
+            lease_expires_at: deadline,
+            attempt: record.attempts,
+            kind,
+        };
+        st.put(record, deadline + self.window_ms);
+        Ok(Claim::Proceed(token))
+    }
+
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+        self.limits.check_finish(&finish)?;
+        let now = self.now();
+        let mut st = self.lock();
+        let entry = st
+            .live(&token.scope, now)
+            .filter(|e| current(&e.record, token))
+            .ok_or_else(|| StoreError::superseded(token))?;
+        let mut r = entry.record.clone();
+        r.state = finish.state;
+        r.version += 1;
+        r.lease_expires_at = None;
+        r.result = finish.result;
+        r.updated_at = now;
+        r.completed_at = finish.state.is_terminal().then_some(now);
+        st.put(r.clone(), now + self.window_ms);
+        Ok(r)
+    }
+
+    async fn extend_lease(
+        &self,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
+        check_lease(lease)?;
+        let now = self.now();
+        let deadline = now + lease_ms(lease);
+        let mut st = self.lock();
+        let entry = st
+            .live(&token.scope, now)
+            .filter(|e| current(&e.record, token))
+            .ok_or_else(|| StoreError::superseded(token))?;
+        let mut r = entry.record.clone();
+        r.lease_expires_at = Some(deadline);
+        r.updated_at = now;
+        st.put(r, deadline + self.window_ms);
+        Ok(deadline)
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let now = self.now();
+        let mut st = self.lock();
+        Ok(st.live(scope, now).map(|e| e.record.clone()))
+    }
+
+    async fn unique_guard(&self) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+}
+
+/// The record is still the one this token's claim wrote.
+fn current(record: &Record, token: &ClaimToken) -> bool {
+    record.state == RecordState::Processing
+        && record.version == token.version
+        && record.owner.as_ref() == Some(&token.owner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{Fingerprint, OwnerId, Principal, StoredResult};
+
+    fn req(k: &str) -> ClaimRequest {
+        ClaimRequest {
+            scope: Scope::new(TenantId::new("t").unwrap(), IdempotencyKey::new(k).unwrap()),
+            principal: Principal::new("p").unwrap(),
+            fingerprint: Fingerprint::of_bytes(b"x"),
+            owner: OwnerId::new("o").unwrap(),
+            lease: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn records_expire_after_the_window() {
+        let clock = ClockShift::new();
+        let store = MemoryStore::new(MemoryOptions {
+            window: Duration::from_secs(120),
+            clock: clock.clone(),
+            ..MemoryOptions::default()
+        });
+        let r = req("k");
+        let Claim::Proceed(tok) = store.claim(&r).await.unwrap() else {
+            panic!()
+        };
+        store.complete(&tok, StoredResult::default()).await.unwrap();
+        clock.advance(Duration::from_secs(119));
+        assert!(matches!(store.claim(&r).await.unwrap(), Claim::Replay(_)));
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(store.get(&r.scope).await.unwrap(), None);
+        // The sweep removed it; a new claim is a fresh execution.
+        let Claim::Proceed(tok) = store.claim(&req("other")).await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(store.len(), 1);
+        assert_eq!(tok.kind, ClaimKind::Fresh);
+        assert!(matches!(store.claim(&r).await.unwrap(), Claim::Proceed(_)));
+    }
+
+    #[tokio::test]
+    async fn processing_outlives_its_lease_by_the_window() {
+        let clock = ClockShift::new();
+        let store = MemoryStore::new(MemoryOptions {
+            window: Duration::from_secs(10),
+            clock: clock.clone(),
+            ..MemoryOptions::default()
+        });
+        let r = req("k");
+        store.claim(&r).await.unwrap();
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(
+            store.get(&r.scope).await.unwrap().unwrap().state,
+            RecordState::Processing
+        );
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(store.get(&r.scope).await.unwrap(), None);
+    }
+}

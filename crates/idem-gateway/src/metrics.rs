@@ -1,0 +1,215 @@
+//! What the gateway counts, in the Prometheus text format at `<admin_prefix>/metrics`.
+//!
+//! Every gateway instance owns its own registry (no global recorder), so tests and the
+//! bench can start several in one process.
+//!
+//! | metric | meaning |
+//! |---|---|
+//! | `idem_gateway_requests_total{route}` | requests, by `passthrough`, `keyed`, `admin` |
+//! | `idem_gateway_upstream_calls_total{route}` | requests sent upstream (state queries excluded) |
+//! | `idem_gateway_coalesced_waiters_total` | duplicates that waited for another request's execution |
+//! | `idem_gateway_window_hits_total` | duplicates answered from the short window |
+//! | `idem_gateway_uncertain_results_total` | keyed upstream calls that timed out or broke after sending |
+//! | `idem_gateway_state_queries_total{result}` | key state queries: `succeeded`, `processing`, `absent`, `error` |
+//! | `idem_gateway_uncertain_resends_total` | same-key re-sends after the upstream reported the key absent |
+//! | `idem_gateway_problems_total{type}` | error responses, by problem slug |
+//! | `idem_gateway_degraded` | 1 while the shared window (Redis) is unreachable |
+//! | `idem_gateway_degraded_requests_total` | keyed requests forwarded without the window |
+
+use std::sync::atomic::AtomicI64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+type Labels = [(&'static str, &'static str); 1];
+
+/// The gateway's counters. Cheap to read from tests through the getters.
+pub struct GatewayMetrics {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    upstream_calls: Family<Labels, Counter>,
+    coalesced: Counter,
+    window_hits: Counter,
+    uncertain: Counter,
+    state_queries: Family<Labels, Counter>,
+    resends: Counter,
+    problems: Family<Labels, Counter>,
+    degraded: Gauge<i64, AtomicI64>,
+    degraded_requests: Counter,
+    /// Hot-path handles into the families above (no label hashing per request).
+    hot: [Counter; 5],
+}
+
+const ROUTES: [&str; 3] = ["passthrough", "keyed", "admin"];
+
+impl std::fmt::Debug for GatewayMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GatewayMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("idem_gateway");
+        let m = Self {
+            registry: Registry::default(),
+            requests: Family::default(),
+            upstream_calls: Family::default(),
+            coalesced: Counter::default(),
+            window_hits: Counter::default(),
+            uncertain: Counter::default(),
+            state_queries: Family::default(),
+            resends: Counter::default(),
+            problems: Family::default(),
+            degraded: Gauge::default(),
+            degraded_requests: Counter::default(),
+            hot: Default::default(),
+        };
+        registry.register("requests", "Requests received", m.requests.clone());
+        registry.register(
+            "upstream_calls",
+            "Requests sent upstream (state queries excluded)",
+            m.upstream_calls.clone(),
+        );
+        registry.register(
+            "coalesced_waiters",
+            "Duplicates that waited for another request's execution",
+            m.coalesced.clone(),
+        );
+        registry.register(
+            "window_hits",
+            "Duplicates answered from the short window",
+            m.window_hits.clone(),
+        );
+        registry.register(
+            "uncertain_results",
+            "Keyed upstream calls that timed out or broke after the request was sent",
+            m.uncertain.clone(),
+        );
+        registry.register(
+            "state_queries",
+            "Key state queries sent to the upstream, by result",
+            m.state_queries.clone(),
+        );
+        registry.register(
+            "uncertain_resends",
+            "Same-key re-sends after the upstream reported the key absent",
+            m.resends.clone(),
+        );
+        registry.register("problems", "Error responses, by type", m.problems.clone());
+        registry.register(
+            "degraded",
+            "1 while the shared window is unreachable (keys still forwarded)",
+            m.degraded.clone(),
+        );
+        registry.register(
+            "degraded_requests",
+            "Keyed requests forwarded without the window",
+            m.degraded_requests.clone(),
+        );
+        // Through a function: each family read guard is gone before the next
+        // get_or_create takes the write lock (in one array literal they would all live
+        // to the end of the statement and deadlock).
+        let counter = |f: &Family<Labels, Counter>, route: &'static str| -> Counter {
+            f.get_or_create(&[("route", route)]).clone()
+        };
+        let hot = [
+            counter(&m.requests, ROUTES[0]),
+            counter(&m.requests, ROUTES[1]),
+            counter(&m.requests, ROUTES[2]),
+            counter(&m.upstream_calls, ROUTES[0]),
+            counter(&m.upstream_calls, ROUTES[1]),
+        ];
+        Self { registry, hot, ..m }
+    }
+
+    pub(crate) fn request(&self, route: &'static str) {
+        match ROUTES.iter().position(|r| *r == route) {
+            Some(i) => self.hot[i].inc(),
+            None => self.requests.get_or_create(&[("route", route)]).inc(),
+        };
+    }
+    pub(crate) fn upstream_call(&self, route: &'static str) {
+        match ROUTES.iter().position(|r| *r == route) {
+            Some(i) if i < 2 => self.hot[3 + i].inc(),
+            _ => self.upstream_calls.get_or_create(&[("route", route)]).inc(),
+        };
+    }
+    pub(crate) fn coalesced(&self) {
+        self.coalesced.inc();
+    }
+    pub(crate) fn window_hit(&self) {
+        self.window_hits.inc();
+    }
+    pub(crate) fn uncertain(&self) {
+        self.uncertain.inc();
+    }
+    pub(crate) fn state_query(&self, result: &'static str) {
+        self.state_queries
+            .get_or_create(&[("result", result)])
+            .inc();
+    }
+    pub(crate) fn resend(&self) {
+        self.resends.inc();
+    }
+    pub(crate) fn problem(&self, slug: &'static str) {
+        self.problems.get_or_create(&[("type", slug)]).inc();
+    }
+    /// Sets degraded mode; returns the previous value (for logging transitions).
+    pub(crate) fn set_degraded(&self, on: bool) -> bool {
+        self.degraded.set(i64::from(on)) == 1
+    }
+    pub(crate) fn degraded_request(&self) {
+        self.degraded_requests.inc();
+    }
+
+    pub fn requests(&self, route: &'static str) -> u64 {
+        self.requests.get_or_create(&[("route", route)]).get()
+    }
+    pub fn upstream_calls(&self, route: &'static str) -> u64 {
+        self.upstream_calls.get_or_create(&[("route", route)]).get()
+    }
+    pub fn coalesced_waiters(&self) -> u64 {
+        self.coalesced.get()
+    }
+    pub fn window_hits(&self) -> u64 {
+        self.window_hits.get()
+    }
+    pub fn uncertain_results(&self) -> u64 {
+        self.uncertain.get()
+    }
+    pub fn state_queries(&self, result: &'static str) -> u64 {
+        self.state_queries
+            .get_or_create(&[("result", result)])
+            .get()
+    }
+    pub fn uncertain_resends(&self) -> u64 {
+        self.resends.get()
+    }
+    pub fn problems(&self, slug: &'static str) -> u64 {
+        self.problems.get_or_create(&[("type", slug)]).get()
+    }
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.get() == 1
+    }
+    pub fn degraded_requests(&self) -> u64 {
+        self.degraded_requests.get()
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

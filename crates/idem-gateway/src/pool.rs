@@ -1,0 +1,205 @@
+//! Keep-alive HTTP/1.1 connections to the one upstream.
+//!
+//! The gateway talks to a single origin, so a pool is a stack of idle senders: checkout
+//! pops the most recently used live one (or connects), check-in happens when the response
+//! body has been read to its end (a streamed body checks its connection in itself, see
+//! [`PooledBody`]). A connection's driver is a task spawned once per connection, not per
+//! request. A request that a closing connection hands back unsent is retried on another
+//! connection; one that may have been sent is never retried here.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::body::{Body, BoxError};
+
+/// How a send failed.
+#[derive(Debug)]
+pub enum SendError {
+    /// No connection could be made: the request never left the gateway.
+    NotSent(String),
+    /// The request may have been (partly) sent.
+    Failed(hyper::Error),
+}
+
+pub struct Pool {
+    authority: Authority,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<SendRequest<Body>>>,
+    max_idle: usize,
+}
+
+impl Pool {
+    pub fn new(authority: Authority, connect_timeout: Duration, max_idle: usize) -> Self {
+        Self {
+            authority,
+            connect_timeout,
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<SendRequest<Body>>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn checkout_idle(&self) -> Option<SendRequest<Body>> {
+        let mut idle = self.idle();
+        while let Some(s) = idle.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    /// Returns a connection whose last response was read to its end.
+    pub fn checkin(&self, sender: SendRequest<Body>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle();
+        if idle.len() < self.max_idle {
+            idle.push(sender);
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Body>, String> {
+        let addr = self.authority.as_str();
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                format!(
+                    "connecting to {addr} timed out after {} ms",
+                    self.connect_timeout.as_millis()
+                )
+            })?
+            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        // Small messages: one flattened write beats a vectored one.
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .writev(false)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("handshake with {addr}: {e}"))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Sends `req` (origin-form URI, Host set) on a pooled or new connection. The sender
+    /// comes back with the response: check it in after the body is read.
+    pub async fn send(
+        &self,
+        mut req: Request<Body>,
+    ) -> Result<(Response<Incoming>, SendRequest<Body>), SendError> {
+        // Pooled connections may have been closed by the upstream in the meantime: a
+        // request they hand back unsent goes to the next one; the last try is a fresh
+        // connection.
+        for attempt in 0..4 {
+            let pooled = if attempt < 3 {
+                self.checkout_idle()
+            } else {
+                None
+            };
+            let mut sender = match pooled {
+                Some(s) => s,
+                None => self.connect().await.map_err(SendError::NotSent)?,
+            };
+            if sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(req).await {
+                Ok(resp) => return Ok((resp, sender)),
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => req = unsent,
+                    None => return Err(SendError::Failed(e.into_error())),
+                },
+            }
+        }
+        Err(SendError::NotSent(
+            "no upstream connection accepted the request".into(),
+        ))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A streamed upstream response body that checks its connection back in when it
+    /// reaches its end. Dropped early, the connection is dropped (it cannot be reused).
+    pub struct PooledBody {
+        #[pin]
+        inner: Incoming,
+        sender: Option<SendRequest<Body>>,
+        pool: Arc<Pool>,
+    }
+}
+
+impl PooledBody {
+    pub fn new(inner: Incoming, sender: SendRequest<Body>, pool: Arc<Pool>) -> Self {
+        let mut body = Self {
+            inner,
+            sender: Some(sender),
+            pool,
+        };
+        if body.inner.is_end_stream() {
+            if let Some(s) = body.sender.take() {
+                body.pool.checkin(s);
+            }
+        }
+        body
+    }
+}
+
+impl HttpBody for PooledBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        let res = this.inner.as_mut().poll_frame(cx);
+        let ended = match &res {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            if let Some(s) = this.sender.take() {
+                this.pool.checkin(s);
+            }
+        }
+        match res {
+            Poll::Ready(Some(Err(e))) => {
+                // A broken body leaves the connection unusable.
+                this.sender.take();
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

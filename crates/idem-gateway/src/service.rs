@@ -1,0 +1,402 @@
+//! One request through the gateway: admin endpoints, authentication, the route's key
+//! rule, then either the streamed pass-through or the keyed flow ([`crate::keyed`]).
+//!
+//! The service is infallible: every failure is a problem response. Headers bound for the
+//! upstream lose their hop-by-hop fields and any client-sent identity header; the
+//! gateway then sets the authenticated tenant and principal itself.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use http::{Method, Request, Response, Version};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use idem_core::{OwnerId, RequestParts, Scope};
+use idem_http::headers::{read_key, KeyHeaderError, IDEMPOTENCY_KEY};
+
+use crate::auth::{ApiKeys, Caller, Identity};
+use crate::body::{empty, full, read_limited, Body, IdleTimeout, ReadError};
+use crate::config::GatewayConfig;
+use crate::error::GatewayError;
+use crate::keyed::{self, Flights, KeyedRequest};
+use crate::metrics::GatewayMetrics;
+use crate::problem::{Problem, ProblemKind, ProblemType};
+use crate::routes::{KeyRule, RouteTable};
+use crate::upstream::{PassError, Upstream, UpstreamBase};
+use crate::window::Window;
+
+/// The shared secret header the gateway sends upstream (when configured).
+pub const GATEWAY_TOKEN: HeaderName = HeaderName::from_static("x-idem-gateway-token");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Everything a request needs, shared by all connections of one gateway.
+pub(crate) struct Ctx {
+    pub config: GatewayConfig,
+    pub routes: RouteTable,
+    pub auth: ApiKeys,
+    pub upstream: Upstream,
+    pub window: Window,
+    pub flights: Flights,
+    pub metrics: Arc<GatewayMetrics>,
+    pub instance: String,
+    owner_seq: AtomicU64,
+    pub tenant_header: HeaderName,
+    pub principal_header: HeaderName,
+    pub token: Option<HeaderValue>,
+    pub state_method: Method,
+    upstream_host: HeaderValue,
+}
+
+impl Ctx {
+    pub fn new(config: GatewayConfig) -> Result<Self, GatewayError> {
+        config.validate()?;
+        let instance = config
+            .instance_id
+            .clone()
+            .unwrap_or_else(|| format!("gw-{}", uuid::Uuid::new_v4().simple()));
+        // Owners are `<instance>:<n>`: the instance id must leave room for the counter.
+        if OwnerId::new(format!("{instance}:18446744073709551615")).is_err() {
+            return Err(GatewayError::Config(format!(
+                "instance_id {instance:?} must be visible ASCII, at most 100 characters"
+            )));
+        }
+        let metrics = Arc::new(GatewayMetrics::new());
+        let window = Window::from_config(&config, &instance, metrics.clone())?;
+        let upstream = Upstream::new(
+            UpstreamBase::parse(&config.upstream)?,
+            config.upstream_connect_timeout(),
+            config.upstream_timeout(),
+            config.max_response_bytes,
+        );
+        let header = |s: &str| {
+            HeaderName::from_bytes(s.to_ascii_lowercase().as_bytes())
+                .map_err(|_| GatewayError::Config(format!("bad header name {s:?}")))
+        };
+        let base = UpstreamBase::parse(&config.upstream)?;
+        let upstream_host = HeaderValue::from_str(base.authority().as_str())
+            .map_err(|_| GatewayError::Config("bad upstream authority".into()))?;
+        Ok(Self {
+            upstream_host,
+            routes: RouteTable::compile(&config.routes)?,
+            auth: ApiKeys::new(&config.auth),
+            tenant_header: header(&config.tenant_header)?,
+            principal_header: header(&config.principal_header)?,
+            token: config
+                .upstream_token
+                .as_deref()
+                .map(HeaderValue::from_str)
+                .transpose()
+                .map_err(|_| GatewayError::Config("bad upstream_token".into()))?,
+            state_method: Method::from_bytes(config.state_query.method.as_bytes())
+                .map_err(|_| GatewayError::Config("bad state_query.method".into()))?,
+            upstream,
+            window,
+            flights: Flights::default(),
+            metrics,
+            instance,
+            owner_seq: AtomicU64::new(0),
+            config,
+        })
+    }
+
+    /// A fresh owner id for one claim.
+    pub fn next_owner(&self) -> OwnerId {
+        let n = self.owner_seq.fetch_add(1, Ordering::Relaxed);
+        OwnerId::new(format!("{}:{n}", self.instance)).expect("checked at startup")
+    }
+
+    /// A problem response, counted.
+    pub fn problem(&self, p: Problem) -> Response<Body> {
+        self.metrics.problem(p.kind.slug());
+        p.to_response()
+    }
+
+    /// Readies client headers for the upstream: hop-by-hop fields, client-sent identity
+    /// headers and (configured) the API key go; the gateway's identity headers come in.
+    fn prepare_headers(&self, headers: &mut HeaderMap, identity: Option<&Identity>, peer: &Peer) {
+        // One scan first: requests rarely carry anything to remove.
+        let dirty = headers.keys().any(|n| {
+            crate::hop::is_hop_by_hop(n)
+                || *n == self.tenant_header
+                || *n == self.principal_header
+                || *n == GATEWAY_TOKEN
+                || self.auth.is_credential(n)
+        });
+        if dirty {
+            crate::hop::strip_hop_by_hop(headers);
+            headers.remove(&self.tenant_header);
+            headers.remove(&self.principal_header);
+            headers.remove(GATEWAY_TOKEN);
+            self.auth.strip(headers);
+        }
+        // The upstream gets its own authority as Host; the client's goes along as
+        // X-Forwarded-Host.
+        if let Some(host) = headers.insert(HOST, self.upstream_host.clone()) {
+            headers.insert(X_FORWARDED_HOST, host);
+        }
+        match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prior) => {
+                if let Ok(v) = HeaderValue::from_str(&format!("{prior}, {}", peer.ip)) {
+                    headers.insert(X_FORWARDED_FOR, v);
+                }
+            }
+            None => {
+                headers.insert(X_FORWARDED_FOR, peer.xff.clone());
+            }
+        }
+        if let Some(id) = identity {
+            if let Ok(v) = HeaderValue::from_str(id.tenant.as_str()) {
+                headers.insert(self.tenant_header.clone(), v);
+            }
+            if let Ok(v) = HeaderValue::from_str(id.principal.as_str()) {
+                headers.insert(self.principal_header.clone(), v);
+            }
+        }
+        if let Some(token) = &self.token {
+            headers.insert(GATEWAY_TOKEN, token.clone());
+        }
+    }
+}
+
+/// The client end of a connection, computed once per connection.
+pub(crate) struct Peer {
+    pub ip: std::net::IpAddr,
+    /// The `X-Forwarded-For` value when the client sent none.
+    pub xff: HeaderValue,
+}
+
+impl Peer {
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip();
+        Self {
+            ip,
+            xff: HeaderValue::from_str(&ip.to_string()).expect("an IP is a header value"),
+        }
+    }
+}
+
+/// The hyper service function.
+pub(crate) async fn serve(
+    ctx: Arc<Ctx>,
+    peer: Arc<Peer>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    Ok(route(ctx, &peer, req).await)
+}
+
+async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path();
+    if let Some(rest) = path.strip_prefix(ctx.config.admin_prefix.as_str()) {
+        if rest.is_empty() || rest.starts_with('/') {
+            ctx.metrics.request("admin");
+            return admin(&ctx, rest);
+        }
+    }
+    let (identity, authenticated) = match ctx.auth.identify(req.headers()) {
+        Caller::Unknown => {
+            return ctx.problem(Problem::new(
+                ProblemKind::Unauthenticated,
+                "the API key is not recognised",
+            ))
+        }
+        Caller::Known(id) => (Some(id), true),
+        Caller::Anonymous => (ctx.auth.anonymous().cloned(), false),
+    };
+    let keyed = match ctx.routes.key_rule(req.method(), path) {
+        KeyRule::Required => true,
+        KeyRule::Optional => req.headers().contains_key(IDEMPOTENCY_KEY),
+        KeyRule::None => false,
+    };
+    if keyed {
+        ctx.metrics.request("keyed");
+        keyed_entry(ctx, peer, req, identity).await
+    } else {
+        ctx.metrics.request("passthrough");
+        if !authenticated && ctx.auth.require_on_passthrough {
+            return ctx.problem(Problem::new(
+                ProblemKind::Unauthenticated,
+                "an API key is required",
+            ));
+        }
+        passthrough(ctx, peer, req, identity).await
+    }
+}
+
+fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
+    match rest {
+        "/metrics" => {
+            let mut r = Response::new(full(ctx.metrics.encode()));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            r
+        }
+        "/health" => {
+            let degraded = ctx.metrics.is_degraded();
+            let body = serde_json::json!({
+                "status": if degraded { "degraded" } else { "ok" },
+                "window": ctx.window.backend(),
+                "shared_window": ctx.window.is_shared(),
+                "instance": ctx.instance,
+                "in_flight": ctx.flights.len(),
+            });
+            let mut r = Response::new(full(body.to_string()));
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        _ => ctx.problem(Problem::new(
+            ProblemType::NotFound,
+            "no such gateway endpoint",
+        )),
+    }
+}
+
+async fn passthrough(
+    ctx: Arc<Ctx>,
+    peer: &Peer,
+    req: Request<Incoming>,
+    identity: Option<Identity>,
+) -> Response<Body> {
+    let (mut parts, body) = req.into_parts();
+    ctx.prepare_headers(&mut parts.headers, identity.as_ref(), peer);
+    parts.uri = ctx.upstream.base().target(&parts.uri);
+    parts.version = Version::HTTP_11;
+    // Streamed, not buffered; a stalled client body fails the upstream request.
+    let body = if body.is_end_stream() {
+        empty()
+    } else {
+        IdleTimeout::new(body, ctx.config.body_read_timeout()).boxed()
+    };
+    ctx.metrics.upstream_call("passthrough");
+    match ctx.upstream.pass(Request::from_parts(parts, body)).await {
+        Ok(resp) => resp,
+        Err(PassError::NotSent(e)) => ctx.problem(
+            Problem::new(
+                ProblemType::UpstreamUnavailable,
+                format!("the upstream could not be reached: {e}"),
+            )
+            .retry_after(std::time::Duration::from_secs(1)),
+        ),
+        Err(PassError::Timeout) => ctx.problem(Problem::new(
+            ProblemType::UpstreamTimeout,
+            format!(
+                "no response head within {} ms",
+                ctx.config.upstream_timeout_ms
+            ),
+        )),
+        Err(PassError::ClientStalled) => ctx.problem(Problem::new(
+            ProblemType::RequestTimeout,
+            format!(
+                "the request body paused for more than {} ms",
+                ctx.config.body_read_timeout_ms
+            ),
+        )),
+        Err(PassError::Failed(e)) => ctx.problem(Problem::new(
+            ProblemType::UpstreamUnavailable,
+            format!("the upstream exchange failed: {e}"),
+        )),
+    }
+}
+
+async fn keyed_entry(
+    ctx: Arc<Ctx>,
+    peer: &Peer,
+    req: Request<Incoming>,
+    identity: Option<Identity>,
+) -> Response<Body> {
+    let Some(identity) = identity else {
+        return ctx.problem(Problem::new(
+            ProblemKind::Unauthenticated,
+            "an API key is required on this route: the key is scoped to your tenant",
+        ));
+    };
+    let key = match read_key(req.headers()) {
+        Ok(k) => k,
+        Err(KeyHeaderError::Missing) => {
+            return ctx.problem(Problem::new(
+                ProblemKind::MissingKey,
+                "this route requires an Idempotency-Key header, generated by the client before the first send",
+            ))
+        }
+        Err(e) => return ctx.problem(Problem::new(ProblemKind::InvalidKey, e.to_string())),
+    };
+    let limit = ctx.config.max_body_bytes;
+    let too_large = || {
+        ctx.problem(Problem::new(
+            ProblemKind::RequestTooLarge,
+            format!("request bodies on keyed routes are limited to {limit} bytes"),
+        ))
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
+    let (mut parts, body) = req.into_parts();
+    let body = match read_limited(body, limit, ctx.config.body_read_timeout()).await {
+        Ok(b) => b,
+        Err(ReadError::TooLarge { .. }) => return too_large(),
+        Err(ReadError::TimedOut) => {
+            return ctx.problem(Problem::new(
+                ProblemType::RequestTimeout,
+                format!(
+                    "the request body did not arrive within {} ms",
+                    ctx.config.body_read_timeout_ms
+                ),
+            ))
+        }
+        Err(ReadError::Broken(e)) => {
+            return ctx.problem(Problem::new(ProblemKind::UnreadableBody, e.to_string()))
+        }
+    };
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let fingerprint = {
+        let chosen: Vec<(&str, &str)> = if ctx.config.fingerprint.headers.is_empty() {
+            Vec::new()
+        } else {
+            parts
+                .headers
+                .iter()
+                .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?)))
+                .collect()
+        };
+        ctx.config.fingerprint.fingerprint(&RequestParts {
+            method: parts.method.as_str(),
+            route: &path_and_query,
+            principal: identity.principal.as_str(),
+            content_type: parts
+                .headers
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            body: &body,
+            headers: &chosen,
+        })
+    };
+    ctx.prepare_headers(&mut parts.headers, Some(&identity), peer);
+    let req = KeyedRequest {
+        scope: Scope::new(identity.tenant.clone(), key),
+        principal: identity.principal,
+        fingerprint,
+        method: parts.method,
+        path_and_query,
+        headers: parts.headers,
+        body,
+    };
+    keyed::handle(ctx, req).await
+}

@@ -1,0 +1,524 @@
+//! Talking to the upstream: pass-through streaming, buffered keyed exchanges that say
+//! whether their outcome is known, and the key state query.
+//!
+//! Owns the HTTP client (one pooled hyper client per gateway), URL building and the
+//! classification of failures: a request that never reached the upstream
+//! ([`Exchange::NotSent`]) is safe to report as such; one that timed out or broke after
+//! it was sent ([`Exchange::Uncertain`]) may have taken effect. It never decides what to
+//! do about an uncertain result; the keyed flow does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_LENGTH, HOST};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use serde_json::Value;
+
+use crate::body::{empty, full, read_limited, Body, ReadError};
+use crate::error::GatewayError;
+use crate::hop::{is_hop_by_hop, strip_hop_by_hop};
+use crate::pool::{Pool, PooledBody, SendError};
+
+/// The upstream's base URL, split for fast URI building.
+#[derive(Debug, Clone)]
+pub struct UpstreamBase {
+    authority: Authority,
+    /// Path prefix without a trailing slash (`""` or `/api`).
+    prefix: String,
+}
+
+impl UpstreamBase {
+    pub fn parse(url: &str) -> Result<Self, GatewayError> {
+        let bad = |why: &str| Err(GatewayError::Config(format!("upstream {url:?}: {why}")));
+        let uri: Uri = match url.parse() {
+            Ok(u) => u,
+            Err(e) => return bad(&e.to_string()),
+        };
+        if uri.scheme() != Some(&Scheme::HTTP) {
+            return bad("only http:// upstreams are supported");
+        }
+        let Some(authority) = uri.authority().cloned() else {
+            return bad("no host");
+        };
+        if uri.query().is_some() {
+            return bad("no query string allowed");
+        }
+        let prefix = uri.path().trim_end_matches('/').to_string();
+        Ok(Self { authority, prefix })
+    }
+
+    /// The upstream request target (origin form) for a request's path and query.
+    pub fn uri(&self, path_and_query: &str) -> Uri {
+        let pq = if self.prefix.is_empty() {
+            PathAndQuery::try_from(path_and_query)
+        } else {
+            PathAndQuery::try_from(format!("{}{}", self.prefix, path_and_query))
+        }
+        .unwrap_or_else(|_| PathAndQuery::from_static("/"));
+        Uri::from(pq)
+    }
+
+    /// The upstream request target for a client's request URI; reuses it when it is
+    /// already in origin form and there is no prefix (the common case, no copy).
+    pub fn target(&self, uri: &Uri) -> Uri {
+        if self.prefix.is_empty() && uri.scheme().is_none() && uri.authority().is_none() {
+            return uri.clone();
+        }
+        self.uri(uri.path_and_query().map_or("/", |p| p.as_str()))
+    }
+
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+}
+
+/// A complete upstream response, headers already free of hop-by-hop fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Captured {
+    /// Rebuilds a response from a stored one (a record's or a state query's result).
+    pub fn from_stored(r: &idem_core::StoredResult) -> Option<Self> {
+        let status = StatusCode::from_u16(r.status).ok()?;
+        let mut headers = HeaderMap::new();
+        for (n, v) in &r.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(n.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                if !is_hop_by_hop(&n) && n != CONTENT_LENGTH {
+                    headers.append(n, v);
+                }
+            }
+        }
+        Some(Self {
+            status,
+            headers,
+            body: Bytes::copy_from_slice(&r.body),
+        })
+    }
+
+    /// The form kept in the window.
+    pub fn to_stored(&self) -> idem_core::StoredResult {
+        idem_core::StoredResult {
+            status: self.status.as_u16(),
+            headers: self
+                .headers
+                .iter()
+                .filter(|(n, _)| **n != CONTENT_LENGTH)
+                .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+                .collect(),
+            body: self.body.to_vec(),
+            result_ref: None,
+        }
+    }
+
+    pub fn to_response(&self) -> Response<Body> {
+        let mut r = Response::new(full(self.body.clone()));
+        *r.status_mut() = self.status;
+        *r.headers_mut() = self.headers.clone();
+        r
+    }
+}
+
+/// How a buffered (keyed) exchange ended.
+#[derive(Debug)]
+pub enum Exchange {
+    /// The upstream answered in full.
+    Complete(Captured),
+    /// The request never reached the upstream (connection refused, DNS, connect timeout).
+    NotSent(String),
+    /// The upstream answered with more than the gateway buffers. It did execute.
+    TooLarge,
+    /// Timed out, or the connection broke after the request was sent: it may have taken
+    /// effect.
+    Uncertain(String),
+}
+
+/// How a pass-through exchange failed.
+#[derive(Debug)]
+pub enum PassError {
+    NotSent(String),
+    Timeout,
+    /// The client's streamed body stalled (see [`crate::body::IdleTimeout`]).
+    ClientStalled,
+    Failed(String),
+}
+
+/// What the upstream says about a key (its business record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyState {
+    /// The intent ended (succeeded, or failed for good); this is its stored response.
+    Done(Captured),
+    /// Still executing.
+    Processing { retry_after: Option<Duration> },
+    /// Never arrived, or failed in a way that allows a retry under the same key.
+    Absent,
+}
+
+/// The gateway's HTTP client to its upstream.
+#[derive(Clone)]
+pub struct Upstream {
+    base: UpstreamBase,
+    pool: Arc<Pool>,
+    host: HeaderValue,
+    timeout: Duration,
+    max_response_bytes: usize,
+}
+
+impl Upstream {
+    pub fn new(
+        base: UpstreamBase,
+        connect_timeout: Duration,
+        timeout: Duration,
+        max_response_bytes: usize,
+    ) -> Self {
+        let host = HeaderValue::from_str(base.authority.as_str())
+            .expect("an authority is a valid header value");
+        Self {
+            pool: Arc::new(Pool::new(base.authority.clone(), connect_timeout, 1024)),
+            base,
+            host,
+            timeout,
+            max_response_bytes,
+        }
+    }
+
+    pub fn base(&self) -> &UpstreamBase {
+        &self.base
+    }
+
+    /// Sends `req` (origin-form target, Host set by the caller) within the timeout.
+    async fn send(
+        &self,
+        req: Request<Body>,
+    ) -> Result<
+        Result<
+            (
+                Response<hyper::body::Incoming>,
+                hyper::client::conn::http1::SendRequest<Body>,
+            ),
+            SendError,
+        >,
+        tokio::time::error::Elapsed,
+    > {
+        tokio::time::timeout(self.timeout, self.pool.send(req)).await
+    }
+
+    /// Streams a request through: the body is not buffered; the response head must
+    /// arrive within the timeout, the response body then streams back.
+    pub async fn pass(&self, req: Request<Body>) -> Result<Response<Body>, PassError> {
+        match self.send(req).await {
+            Err(_) => Err(PassError::Timeout),
+            Ok(Err(SendError::NotSent(e))) => Err(PassError::NotSent(e)),
+            Ok(Err(SendError::Failed(e))) if caused_by_idle_body(&e) => {
+                Err(PassError::ClientStalled)
+            }
+            Ok(Err(SendError::Failed(e))) => Err(PassError::Failed(error_chain(&e))),
+            Ok(Ok((resp, sender))) => {
+                let (mut parts, incoming) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                let body = PooledBody::new(incoming, sender, self.pool.clone());
+                Ok(Response::from_parts(parts, body.boxed()))
+            }
+        }
+    }
+
+    /// Sends a buffered request and buffers the response, all within the timeout.
+    pub async fn exchange(
+        &self,
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Exchange {
+        let mut req = Request::new(if body.is_empty() { empty() } else { full(body) });
+        *req.method_mut() = method.clone();
+        *req.uri_mut() = self.base.uri(path_and_query);
+        *req.headers_mut() = headers.clone();
+        let run = async {
+            let (resp, sender) = match self.send(req).await {
+                Err(_) => {
+                    return Exchange::Uncertain(format!(
+                        "no response within {} ms",
+                        self.timeout.as_millis()
+                    ))
+                }
+                Ok(Err(SendError::NotSent(e))) => return Exchange::NotSent(e),
+                Ok(Err(SendError::Failed(e))) => return Exchange::Uncertain(error_chain(&e)),
+                Ok(Ok(x)) => x,
+            };
+            let (mut parts, incoming) = resp.into_parts();
+            match read_limited(incoming, self.max_response_bytes, Duration::MAX).await {
+                Ok(body) => {
+                    self.pool.checkin(sender);
+                    strip_hop_by_hop(&mut parts.headers);
+                    Exchange::Complete(Captured {
+                        status: parts.status,
+                        headers: parts.headers,
+                        body,
+                    })
+                }
+                Err(ReadError::TooLarge { .. }) => Exchange::TooLarge,
+                Err(ReadError::TimedOut) => Exchange::Uncertain("response body timed out".into()),
+                Err(ReadError::Broken(e)) => {
+                    Exchange::Uncertain(format!("response body broke: {e}"))
+                }
+            }
+        };
+        // Head and body together within the timeout.
+        match tokio::time::timeout(self.timeout, run).await {
+            Ok(x) => x,
+            Err(_) => Exchange::Uncertain(format!(
+                "no complete response within {} ms",
+                self.timeout.as_millis()
+            )),
+        }
+    }
+
+    /// Asks the upstream for a key's state: `method path` with `{key}` replaced by the
+    /// percent-encoded key, carrying the same identity headers as the request.
+    pub async fn query_state(
+        &self,
+        method: &Method,
+        path_template: &str,
+        key: &str,
+        identity_headers: &HeaderMap,
+        timeout: Duration,
+    ) -> Result<KeyState, String> {
+        let path = path_template.replace("{key}", &percent_encode(key));
+        let mut req = Request::new(empty());
+        *req.method_mut() = method.clone();
+        *req.uri_mut() = self.base.uri(&path);
+        *req.headers_mut() = identity_headers.clone();
+        req.headers_mut()
+            .insert(ACCEPT, HeaderValue::from_static("application/json"));
+        req.headers_mut().insert(HOST, self.host.clone());
+        let run = async {
+            let (resp, sender) = self.pool.send(req).await.map_err(|e| match e {
+                SendError::NotSent(e) => e,
+                SendError::Failed(e) => error_chain(&e),
+            })?;
+            let status = resp.status();
+            let body = read_limited(resp.into_body(), self.max_response_bytes, Duration::MAX)
+                .await
+                .map_err(|e| format!("state response body: {e:?}"))?;
+            self.pool.checkin(sender);
+            Ok::<_, String>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(timeout, run)
+            .await
+            .map_err(|_| format!("no state answer within {} ms", timeout.as_millis()))??;
+        // A 404 counts only with a state in its body: a 404 from a service without the
+        // endpoint must not pass for "absent" (that would license a re-send).
+        if !status.is_success() && status != StatusCode::NOT_FOUND {
+            return Err(format!("state query answered {status}"));
+        }
+        parse_key_state(&body).map_err(|e| format!("state query answered {status}: {e}"))
+    }
+}
+
+/// Parses a state endpoint's JSON. Accepted shapes (field names case-insensitive in
+/// values, not in names):
+///
+/// ```json
+/// {"state": "SUCCEEDED", "response": {"status": 201, "headers": [["content-type", "application/json"]], "body": "{\"order_id\":\"o-1\"}"}}
+/// {"state": "PROCESSING", "retry_after_ms": 500}
+/// {"state": "ABSENT"}
+/// ```
+///
+/// `response` may also be called `result` (an idem-core `Record` serialised as JSON
+/// fits), `headers` may be an object, and the body may be `body` (text, or an array of
+/// bytes as idem-core's `StoredResult` serialises it) or `body_json` (any JSON value).
+/// `FAILED_TERMINAL` counts as done; `FAILED_RETRYABLE` and `NOT_FOUND` as absent.
+pub fn parse_key_state(body: &[u8]) -> Result<KeyState, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("state JSON: {e}"))?;
+    let state = v
+        .get("state")
+        .and_then(Value::as_str)
+        .ok_or("state JSON has no \"state\"")?
+        .to_ascii_uppercase();
+    match state.as_str() {
+        "SUCCEEDED" | "FAILED_TERMINAL" | "COMPLETED" | "DONE" => {
+            let r = v
+                .get("response")
+                .or_else(|| v.get("result"))
+                .filter(|r| !r.is_null())
+                .ok_or("a finished key's state has no response")?;
+            parse_response(r).map(KeyState::Done)
+        }
+        "PROCESSING" | "IN_PROGRESS" => Ok(KeyState::Processing {
+            retry_after: v
+                .get("retry_after_ms")
+                .and_then(Value::as_u64)
+                .map(Duration::from_millis),
+        }),
+        "ABSENT" | "NOT_FOUND" | "FAILED_RETRYABLE" => Ok(KeyState::Absent),
+        other => Err(format!("unknown key state {other:?}")),
+    }
+}
+
+fn parse_response(r: &Value) -> Result<Captured, String> {
+    let status = r
+        .get("status")
+        .and_then(Value::as_u64)
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .ok_or("stored response has no valid status")?;
+    let mut headers = HeaderMap::new();
+    let mut add = |n: &str, v: &str| {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(n.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
+            if !is_hop_by_hop(&n) && n != CONTENT_LENGTH {
+                headers.append(n, v);
+            }
+        }
+    };
+    match r.get("headers") {
+        Some(Value::Array(pairs)) => {
+            for p in pairs {
+                if let (Some(n), Some(v)) = (
+                    p.get(0).and_then(Value::as_str),
+                    p.get(1).and_then(Value::as_str),
+                ) {
+                    add(n, v);
+                }
+            }
+        }
+        Some(Value::Object(map)) => {
+            for (n, v) in map {
+                if let Some(v) = v.as_str() {
+                    add(n, v);
+                }
+            }
+        }
+        _ => {}
+    }
+    let body = match (r.get("body"), r.get("body_json")) {
+        (Some(Value::String(s)), _) => Bytes::from(s.clone().into_bytes()),
+        (Some(Value::Array(bytes)), _) => bytes
+            .iter()
+            .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect::<Option<Vec<u8>>>()
+            .map(Bytes::from)
+            .ok_or("stored body array is not bytes")?,
+        (_, Some(json)) => Bytes::from(serde_json::to_vec(json).unwrap_or_default()),
+        _ => Bytes::new(),
+    };
+    Ok(Captured {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn caused_by_idle_body(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<crate::body::BodyIdle>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls() {
+        let b = UpstreamBase::parse("http://127.0.0.1:9000").unwrap();
+        assert_eq!(b.uri("/v1/orders?x=1").to_string(), "/v1/orders?x=1");
+        let uri: Uri = "/a?b".parse().unwrap();
+        assert_eq!(b.target(&uri), uri);
+        let b = UpstreamBase::parse("http://svc:80/api/").unwrap();
+        assert_eq!(b.uri("/v1").to_string(), "/api/v1");
+        assert_eq!(b.target(&uri).to_string(), "/api/a?b");
+        assert!(UpstreamBase::parse("https://x").is_err());
+        assert!(UpstreamBase::parse("nope").is_err());
+    }
+
+    #[test]
+    fn key_states() {
+        let done = parse_key_state(
+            br#"{"state":"succeeded","response":{"status":201,"headers":[["content-type","application/json"],["connection","close"]],"body":"{\"id\":1}"}}"#,
+        )
+        .unwrap();
+        let KeyState::Done(c) = done else { panic!() };
+        assert_eq!(c.status, 201);
+        assert_eq!(c.headers.len(), 1);
+        assert_eq!(&c.body[..], br#"{"id":1}"#);
+
+        // An idem-core Record serialised as JSON.
+        let rec = parse_key_state(
+            br#"{"state":"FAILED_TERMINAL","result":{"status":422,"headers":{"content-type":"text/plain"},"body":[110,111],"result_ref":null}}"#,
+        )
+        .unwrap();
+        let KeyState::Done(c) = rec else { panic!() };
+        assert_eq!((c.status.as_u16(), &c.body[..]), (422, &b"no"[..]));
+
+        assert_eq!(
+            parse_key_state(br#"{"state":"PROCESSING","retry_after_ms":1500}"#).unwrap(),
+            KeyState::Processing {
+                retry_after: Some(Duration::from_millis(1500))
+            }
+        );
+        assert_eq!(
+            parse_key_state(br#"{"state":"absent"}"#).unwrap(),
+            KeyState::Absent
+        );
+        assert_eq!(
+            parse_key_state(br#"{"state":"FAILED_RETRYABLE"}"#).unwrap(),
+            KeyState::Absent
+        );
+        for bad in [
+            &b"nope"[..],
+            br#"{}"#,
+            br#"{"state":"SUCCEEDED"}"#,
+            br#"{"state":"weird"}"#,
+        ] {
+            assert!(parse_key_state(bad).is_err());
+        }
+    }
+
+    #[test]
+    fn encoding() {
+        assert_eq!(percent_encode("a-b_c.d~"), "a-b_c.d~");
+        assert_eq!(percent_encode("k/1 ?#%"), "k%2F1%20%3F%23%25");
+    }
+}

@@ -1,0 +1,202 @@
+//! The short window: where completed responses are kept for a few minutes and where
+//! concurrent executions of one key are serialised across gateway instances.
+//!
+//! It is an [`IdempotencyStore`]: [`MemoryStore`] for one instance, [`RedisStore`] when
+//! instances share Redis (records carry the in-flight marker with its lease, and the
+//! result), plus [`Wakeups`] for waiters on another instance's execution.
+//!
+//! Redis is connected lazily and re-connected on demand: the gateway starts and keeps
+//! forwarding while Redis is unreachable. Every store call reports reachability here;
+//! the transition into and out of degraded mode is logged once and exposed as the
+//! `idem_gateway_degraded` gauge.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    Claim, ClaimRequest, ClaimToken, Finish, IdempotencyStore, Millis, Record, Scope, StoreError,
+    StoreLimits,
+};
+use idem_redis::{RedisOptions, RedisStore};
+
+use crate::config::GatewayConfig;
+use crate::error::GatewayError;
+use crate::lazy::Lazy;
+use crate::memory::{MemoryOptions, MemoryStore};
+use crate::metrics::GatewayMetrics;
+use crate::wakeup::{Subscription, Wakeups};
+
+/// Header and reference slack on top of the stored body limit.
+const RESULT_OVERHEAD: usize = 64 * 1024;
+
+pub struct Window {
+    store: Arc<dyn IdempotencyStore>,
+    wakeups: Wakeups,
+    shared: bool,
+    metrics: Arc<GatewayMetrics>,
+}
+
+impl Window {
+    pub fn from_config(
+        config: &GatewayConfig,
+        instance: &str,
+        metrics: Arc<GatewayMetrics>,
+    ) -> Result<Self, GatewayError> {
+        let limits = StoreLimits {
+            max_result_bytes: config.max_stored_bytes + RESULT_OVERHEAD,
+        };
+        match &config.redis_url {
+            None => Ok(Self {
+                store: Arc::new(MemoryStore::new(MemoryOptions {
+                    window: config.window(),
+                    limits,
+                    ..MemoryOptions::default()
+                })),
+                wakeups: Wakeups::local(),
+                shared: false,
+                metrics,
+            }),
+            Some(url) => {
+                let client = redis::Client::open(url.as_str())
+                    .map_err(|e| GatewayError::Config(format!("redis_url: {e}")))?;
+                let client_name: String = format!("idem-gw-{instance}")
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || "-_.:".contains(c) {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                let options = RedisOptions {
+                    prefix: config.redis_prefix.clone(),
+                    retention: config.window(),
+                    limits,
+                    connect_timeout: config.redis_timeout(),
+                    response_timeout: config.redis_timeout(),
+                    client_name: Some(client_name),
+                    ..RedisOptions::default()
+                };
+                Ok(Self {
+                    store: Arc::new(LazyRedisStore {
+                        url: url.clone(),
+                        options,
+                        store: Lazy::new(),
+                    }),
+                    wakeups: Wakeups::redis(client, &config.redis_prefix, config.redis_timeout()),
+                    shared: true,
+                    metrics,
+                })
+            }
+        }
+    }
+
+    /// Whether the window is shared between instances (Redis).
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    pub fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+
+    fn note<T>(&self, res: &Result<T, StoreError>) {
+        if !self.shared {
+            return;
+        }
+        match res {
+            Err(e) if e.is_unavailable() => {
+                if !self.metrics.set_degraded(true) {
+                    tracing::warn!(error = %e, "short window unreachable: degraded mode, keys are still forwarded and the upstream guards them");
+                }
+            }
+            _ => {
+                if self.metrics.set_degraded(false) {
+                    tracing::info!("short window reachable again: degraded mode over");
+                }
+            }
+        }
+    }
+
+    pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let res = self.store.claim(req).await;
+        self.note(&res);
+        res
+    }
+
+    pub async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+        let res = self.store.finish(token, finish).await;
+        self.note(&res);
+        res
+    }
+
+    pub async fn extend(&self, token: &ClaimToken, lease: Duration) -> Result<Millis, StoreError> {
+        let res = self.store.extend_lease(token, lease).await;
+        self.note(&res);
+        res
+    }
+
+    pub async fn subscribe(&self, scope: &Scope) -> Subscription {
+        self.wakeups.subscribe(scope).await
+    }
+
+    pub async fn publish(&self, scope: &Scope) {
+        self.wakeups.publish(scope).await
+    }
+}
+
+/// A [`RedisStore`] connected on first use; calls fail fast with `Unavailable` while no
+/// connection can be made (one attempt a second).
+struct LazyRedisStore {
+    url: String,
+    options: RedisOptions,
+    store: Lazy<RedisStore>,
+}
+
+impl LazyRedisStore {
+    async fn connected(&self) -> Result<RedisStore, StoreError> {
+        let url = self.url.clone();
+        let options = self.options.clone();
+        self.store
+            .get(|| async move {
+                RedisStore::connect(&url, options)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(StoreError::Unavailable)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for LazyRedisStore {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.connected().await?.claim(req).await
+    }
+
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+        self.connected().await?.finish(token, finish).await
+    }
+
+    async fn extend_lease(
+        &self,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
+        self.connected().await?.extend_lease(token, lease).await
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        self.connected().await?.get(scope).await
+    }
+
+    async fn unique_guard(&self) -> Result<bool, StoreError> {
+        self.connected().await?.unique_guard().await
+    }
+}
