@@ -630,12 +630,25 @@ async fn key_state(
         .await
         .map_err(|e| ApiError::internal(&e.into()))?;
     let Some(record) = record else {
-        return Err(ApiError::new(
+        // `state: ABSENT` tells the gateway the request never took effect, so it may
+        // re-send it under the same key.
+        let body = json!({
+            "type": "https://idem.dev/problems/orders/idempotency-key-not-found",
+            "title": "No request with this key",
+            "status": 404,
+            "detail": format!("this tenant has no record for key {key}"),
+            "key": key,
+            "state": "ABSENT",
+        });
+        return Ok((
             StatusCode::NOT_FOUND,
-            "idempotency-key-not-found",
-            "No request with this key",
-            format!("this tenant has no record for key {key}"),
-        ));
+            [(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/problem+json"),
+            )],
+            body.to_string(),
+        )
+            .into_response());
     };
     let result = record.result.as_ref().map(|r| {
         json!({
@@ -644,6 +657,15 @@ async fn key_state(
             "body_stored": !r.body.is_empty(),
         })
     });
+    // The stored response itself, for the gateway's answer after an uncertain result.
+    let response = record
+        .result
+        .as_ref()
+        .filter(|_| record.state.is_terminal())
+        .and_then(|r| {
+            let body = std::str::from_utf8(&r.body).ok()?;
+            Some(json!({"status": r.status, "headers": r.headers, "body": body}))
+        });
     let order_id = record
         .result
         .as_ref()
@@ -664,6 +686,7 @@ async fn key_state(
         "updated_at": crate::views::rfc3339(record.updated_at),
         "completed_at": record.completed_at.map(crate::views::rfc3339),
         "result": result,
+        "response": response,
         "order_id": order_id,
     });
     Ok(Answer::json(StatusCode::OK, &body, None)?.into_response())

@@ -530,6 +530,13 @@ async fn key_state_query_is_tenant_scoped(env: Env) {
     assert_eq!(r.body["order_id"], id);
     assert_eq!(r.body["result"]["status"], 201);
     assert_eq!(r.body["result"]["result_ref"], format!("/v1/orders/{id}"));
+    // The stored response, in the shape the gateway's state query reads.
+    assert_eq!(r.body["response"]["status"], 201);
+    let stored: serde_json::Value =
+        serde_json::from_str(r.body["response"]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(stored["order_id"], id);
+    let absent = s.get("/v1/idempotency-keys/state%2Fk:1", T2).await;
+    assert_eq!(absent.body["state"], "ABSENT");
     assert_eq!(
         s.get("/v1/idempotency-keys/state%2Fk:1", T2).await.status,
         404,
