@@ -36,53 +36,71 @@ pub fn backend_of(url: &str) -> Result<Backend, StoreError> {
     }
 }
 
-/// Opens the store a URL names; SQLite and PostgreSQL apply pending migrations.
-pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
-    match backend_of(url)? {
-        Backend::Sqlite => Ok(Arc::new(
-            SqliteStore::open(SqliteOptions::from_url(url)?).await?,
-        )),
-        Backend::Postgres => {
-            let store = PgStore::connect(url, PgOptions::default()).await?;
-            store.migrate().await?;
-            Ok(Arc::new(store))
-        }
-        Backend::Redis => Ok(Arc::new(
-            RedisStore::connect(url, RedisOptions::default()).await?,
-        )),
+/// A store opened from a URL, as its concrete type, so each command can take the
+/// roles it needs (claims, leases, archive) from one place.
+pub enum Opened {
+    Sqlite(Arc<SqliteStore>),
+    Postgres(Arc<PgStore>),
+    Redis(Arc<RedisStore>),
+}
+
+impl Opened {
+    /// Opens the store a URL names; SQLite and PostgreSQL apply pending migrations.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Ok(match backend_of(url)? {
+            Backend::Sqlite => Self::Sqlite(Arc::new(
+                SqliteStore::open(SqliteOptions::from_url(url)?).await?,
+            )),
+            Backend::Postgres => {
+                let store = PgStore::connect(url, PgOptions::default()).await?;
+                store.migrate().await?;
+                Self::Postgres(Arc::new(store))
+            }
+            Backend::Redis => Self::Redis(Arc::new(
+                RedisStore::connect(url, RedisOptions::default()).await?,
+            )),
+        })
     }
+
+    pub fn idempotency(&self) -> Arc<dyn IdempotencyStore> {
+        match self {
+            Self::Sqlite(s) => s.clone(),
+            Self::Postgres(s) => s.clone(),
+            Self::Redis(s) => s.clone(),
+        }
+    }
+
+    pub fn leases(&self) -> Arc<dyn LeaseStore> {
+        match self {
+            Self::Sqlite(s) => s.clone(),
+            Self::Postgres(s) => s.clone(),
+            Self::Redis(s) => s.clone(),
+        }
+    }
+
+    /// The archive of a store that keeps one (SQLite, PostgreSQL); Redis only expires.
+    pub fn archive(&self) -> Option<Arc<dyn ArchiveLookup>> {
+        match self {
+            Self::Sqlite(s) => Some(s.clone()),
+            Self::Postgres(s) => Some(s.clone()),
+            Self::Redis(_) => None,
+        }
+    }
+}
+
+/// Opens the store a URL names for claims.
+pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    Ok(Opened::open(url).await?.idempotency())
 }
 
 /// Opens the lease store a URL names.
 pub async fn open_lease_store(url: &str) -> Result<Arc<dyn LeaseStore>, StoreError> {
-    match backend_of(url)? {
-        Backend::Sqlite => Ok(Arc::new(
-            SqliteStore::open(SqliteOptions::from_url(url)?).await?,
-        )),
-        Backend::Postgres => {
-            let store = PgStore::connect(url, PgOptions::default()).await?;
-            store.migrate().await?;
-            Ok(Arc::new(store))
-        }
-        Backend::Redis => Ok(Arc::new(
-            RedisStore::connect(url, RedisOptions::default()).await?,
-        )),
-    }
+    Ok(Opened::open(url).await?.leases())
 }
 
-/// The archive of a store that keeps one (SQLite, PostgreSQL); Redis only expires.
+/// The archive of the store a URL names, if it keeps one.
 pub async fn open_archive(url: &str) -> Result<Option<Arc<dyn ArchiveLookup>>, StoreError> {
-    Ok(match backend_of(url)? {
-        Backend::Sqlite => Some(Arc::new(
-            SqliteStore::open(SqliteOptions::from_url(url)?).await?,
-        )),
-        Backend::Postgres => {
-            let store = PgStore::connect(url, PgOptions::default()).await?;
-            store.migrate().await?;
-            Some(Arc::new(store))
-        }
-        Backend::Redis => None,
-    })
+    Ok(Opened::open(url).await?.archive())
 }
 
 /// A URL with any password removed, for messages.

@@ -12,7 +12,7 @@ use idem_postgres::{PgOptions, PgStore};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 use idem_sweep::{SweepOptions, SweepReport, Sweeper};
 
-use crate::open::{backend_of, Backend};
+use crate::open::{backend_of, Backend, Opened};
 
 type Stores = (
     Arc<dyn IdempotencyStore>,
@@ -30,18 +30,13 @@ fn redis_has_nothing_to_sweep() -> StoreError {
 
 /// Opens the store behind `url` as claim, retention and lease store.
 pub async fn open(url: &str) -> Result<Stores, StoreError> {
-    match backend_of(url)? {
-        Backend::Sqlite => {
-            let s = Arc::new(SqliteStore::open(SqliteOptions::from_url(url)?).await?);
-            Ok((s.clone(), s.clone(), s))
-        }
-        Backend::Postgres => {
-            let s = PgStore::connect(url, PgOptions::default()).await?;
-            s.migrate().await?;
-            let s = Arc::new(s);
-            Ok((s.clone(), s.clone(), s))
-        }
-        Backend::Redis => Err(redis_has_nothing_to_sweep()),
+    if backend_of(url)? == Backend::Redis {
+        return Err(redis_has_nothing_to_sweep());
+    }
+    match Opened::open(url).await? {
+        Opened::Sqlite(s) => Ok((s.clone(), s.clone(), s)),
+        Opened::Postgres(s) => Ok((s.clone(), s.clone(), s)),
+        Opened::Redis(_) => Err(redis_has_nothing_to_sweep()),
     }
 }
 
