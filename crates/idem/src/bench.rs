@@ -488,9 +488,8 @@ impl SqliteBaseline {
     /// Creates the naive table on its own connection first, then opens a pool with the
     /// store's settings; pooled connections opened before DDL would see a stale schema.
     pub async fn new(opts: &idem_sqlite::SqliteOptions) -> Result<Self, StoreError> {
-        use sqlx::{ConnectOptions, Connection};
-        let mut conn = opts.connect_options().connect().await.map_err(raw)?;
-        sqlx::raw_sql(
+        let pool = sqlite_pool_after_ddl(
+            opts,
             "CREATE TABLE IF NOT EXISTS idem_bench_naive (tenant_id TEXT NOT NULL, key TEXT NOT NULL, \
              principal TEXT NOT NULL, fingerprint BLOB NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL, \
              owner TEXT, lease_expires_at INTEGER, result_status INTEGER, result_headers TEXT, \
@@ -498,17 +497,37 @@ impl SqliteBaseline {
              updated_at INTEGER NOT NULL, completed_at INTEGER); \
              CREATE UNIQUE INDEX IF NOT EXISTS idem_bench_naive_uq ON idem_bench_naive (tenant_id, key);",
         )
-        .execute(&mut conn)
-        .await
-        .map_err(raw)?;
-        conn.close().await.map_err(raw)?;
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(opts.max_connections)
-            .connect_with(opts.connect_options())
-            .await
-            .map_err(raw)?;
+        .await?;
         Ok(Self { pool })
     }
+}
+
+/// Runs `ddl` on a connection of its own, then opens a pool with the store's settings:
+/// pooled connections opened before the DDL would see a stale schema.
+pub(crate) async fn sqlite_pool_after_ddl(
+    opts: &idem_sqlite::SqliteOptions,
+    ddl: &str,
+) -> Result<sqlx::SqlitePool, StoreError> {
+    use sqlx::{ConnectOptions, Connection};
+    let mut conn = opts.connect_options().connect().await.map_err(raw)?;
+    sqlx::raw_sql(ddl).execute(&mut conn).await.map_err(raw)?;
+    conn.close().await.map_err(raw)?;
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(opts.max_connections)
+        .connect_with(opts.connect_options())
+        .await
+        .map_err(raw)
+}
+
+/// A reconnecting Redis connection, with setup bounded so a dead server fails fast.
+pub(crate) async fn redis_connection(
+    url: &str,
+) -> Result<redis::aio::ConnectionManager, StoreError> {
+    let client = redis::Client::open(url).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+    tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
+        .await
+        .map_err(|_| StoreError::Unavailable("redis connect timed out".into()))?
+        .map_err(|e| StoreError::Unavailable(e.to_string()))
 }
 
 const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -671,12 +690,7 @@ fn redis_err(e: redis::RedisError) -> StoreError {
 
 impl RedisBaseline {
     pub async fn new(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let client =
-            redis::Client::open(url).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
-        let conn = tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
-            .await
-            .map_err(|_| StoreError::Unavailable("redis connect timed out".into()))?
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let conn = redis_connection(url).await?;
         Ok(Self {
             conn,
             prefix: prefix.to_string(),

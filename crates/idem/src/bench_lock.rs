@@ -185,22 +185,7 @@ async fn targets(
             } else {
                 (SqliteOptions::from_url(url)?, None)
             };
-            // The raw table first, on its own connection: pooled connections opened before
-            // DDL would see a stale schema.
-            {
-                use sqlx::{ConnectOptions, Connection};
-                let mut conn = opts.connect_options().connect().await.map_err(raw)?;
-                sqlx::query(SQL_TABLE)
-                    .execute(&mut conn)
-                    .await
-                    .map_err(raw)?;
-                conn.close().await.map_err(raw)?;
-            }
-            let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(opts.max_connections)
-                .connect_with(opts.connect_options())
-                .await
-                .map_err(raw)?;
+            let pool = crate::bench::sqlite_pool_after_ddl(&opts, SQL_TABLE).await?;
             let store = SqliteStore::open(opts).await?;
             Ok((Arc::new(store), Arc::new(SqliteRaw(pool)), tmp, "sqlite"))
         }
@@ -244,13 +229,7 @@ async fn targets(
                 },
             )
             .await?;
-            let client =
-                redis::Client::open(url).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
-            let conn =
-                tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
-                    .await
-                    .map_err(|_| StoreError::Unavailable("redis connect timed out".into()))?
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let conn = crate::bench::redis_connection(url).await?;
             let release = redis::Script::new(
                 "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
             );
