@@ -279,6 +279,18 @@ impl RetentionPolicy {
     }
 }
 
+/// Checks a demotion's direction: `to` must be deeper than `from` (never back up, never
+/// in place).
+pub fn demotion_span(from: Tier, to: Tier) -> Result<(), StoreError> {
+    if to > from {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidInput(format!(
+            "a demotion goes to a deeper tier, not {from} -> {to}"
+        )))
+    }
+}
+
 /// A duration in milliseconds, saturating.
 pub fn millis(d: Duration) -> Millis {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -550,11 +562,19 @@ pub trait RetentionStore: ArchiveLookup {
         limit: usize,
     ) -> Result<Vec<DueRecord>, StoreError>;
 
-    /// Applies a batch of demotions out of `from` in one transaction; each is a
-    /// compare-and-set on version and tier, bumping the version. Dispute → Archive
-    /// deletes the online row and inserts its archive row (with `archived_at = now`)
-    /// atomically. Returns how many applied (the rest lost a race and changed nothing).
-    async fn demote(&self, from: Tier, batch: &[Demotion], now: Millis) -> Result<u64, StoreError>;
+    /// Applies a batch of demotions from `from` to the deeper tier `to` in one
+    /// transaction (a record past several windows moves in one write, not one per tier:
+    /// see [`demotion_span`]); each is a compare-and-set on version and tier, bumping the
+    /// version. A move to the archive deletes the online row and inserts its archive row
+    /// (with `archived_at = now`) atomically. Returns how many applied (the rest lost a
+    /// race and changed nothing).
+    async fn demote(
+        &self,
+        from: Tier,
+        to: Tier,
+        batch: &[Demotion],
+        now: Millis,
+    ) -> Result<u64, StoreError>;
 
     /// Up to `limit` PROCESSING records whose lease ended before `lease_before`.
     async fn scan_stale(

@@ -258,6 +258,21 @@ impl RetentionStore for PgStore {
             Some(a) => (a.completed_at, a.tenant.as_str(), a.key.as_str()),
             None => (i64::MIN, "", ""),
         };
+        // The walk must follow the due index in order. With missing or stale statistics
+        // (a tier that was empty at the last ANALYZE, a freshly loaded table) the planner
+        // estimates a handful of rows and picks a bitmap scan plus a sort of every due
+        // record — per batch, which made a 1-million-record sweep crawl. Ruling out the
+        // sort and the bitmap scan for this one transaction leaves only the ordered index
+        // scan, whose cost is the batch size whatever the statistics say.
+        let mut tx = self.pool.begin().await.map_err(err("scan due"))?;
+        sqlx::query(
+            "SELECT set_config('enable_sort', 'off', true), \
+                    set_config('enable_bitmapscan', 'off', true), \
+                    set_config('enable_seqscan', 'off', true)",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(err("scan due"))?;
         let rows = sqlx::query(&format!(
             "SELECT {RECORD_COLS} FROM {} r \
              WHERE r.tier = $1 AND r.completed_at IS NOT NULL AND r.completed_at < $2 \
@@ -272,9 +287,10 @@ impl RetentionStore for PgStore {
         .bind(t)
         .bind(k)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await
         .map_err(err("scan due"))?;
+        tx.commit().await.map_err(err("scan due"))?;
         rows.iter()
             .map(|row| {
                 Ok(DueRecord {
@@ -285,10 +301,14 @@ impl RetentionStore for PgStore {
             .collect()
     }
 
-    async fn demote(&self, from: Tier, batch: &[Demotion], now: Millis) -> Result<u64, StoreError> {
-        let to = from
-            .next()
-            .ok_or_else(|| StoreError::InvalidInput("the archive is the last tier".into()))?;
+    async fn demote(
+        &self,
+        from: Tier,
+        to: Tier,
+        batch: &[Demotion],
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        idem_core::retention::demotion_span(from, to)?;
         if batch.is_empty() {
             return Ok(0);
         }

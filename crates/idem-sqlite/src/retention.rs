@@ -154,10 +154,14 @@ impl RetentionStore for SqliteStore {
             .collect()
     }
 
-    async fn demote(&self, from: Tier, batch: &[Demotion], now: Millis) -> Result<u64, StoreError> {
-        let to = from
-            .next()
-            .ok_or_else(|| StoreError::InvalidInput("the archive is the last tier".into()))?;
+    async fn demote(
+        &self,
+        from: Tier,
+        to: Tier,
+        batch: &[Demotion],
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        idem_core::retention::demotion_span(from, to)?;
         if batch.is_empty() {
             return Ok(0);
         }

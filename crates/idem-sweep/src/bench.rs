@@ -3,17 +3,19 @@
 //!
 //! 1. Seeds `records` SUCCEEDED records completed 100 days ago (bulk insert), so every
 //!    one walks retry → replay → dispute → archive in the sweep.
-//! 2. Baseline: `concurrency` workers claim and complete fresh keys for `baseline`;
-//!    claim latency is recorded.
-//! 3. The same workers run again while one sweep runs; claim latency is recorded until
-//!    the sweep ends. Reported: records per second, claim p99 during / without the
-//!    sweep (target ≤ 1.5×).
+//! 2. `concurrency` workers claim and complete fresh keys while one sweep runs, held
+//!    and released in alternating slices (`Sweeper::with_gate`): claim latencies are
+//!    recorded apart for slices with and without the sweep, so both see the same table,
+//!    checkpoint and cache state (a baseline taken before the sweep would flatter it
+//!    or damn it by whatever the database does over minutes). The first moments of
+//!    each slice, while a batch may still be in flight, are left out. Reported: records
+//!    per second of sweeping, claim p99 with / without the sweep (target ≤ 1.5×).
 //! 4. Bytes per record in each tier: retry measured on the seeded records before the
 //!    sweep, archive after it, replay and dispute on a sample stepped through the tiers
 //!    with the sweep's `now`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_core::retention::millis;
@@ -31,10 +33,12 @@ const DAY_MS: i64 = 86_400_000;
 pub struct BenchOptions {
     pub records: u64,
     pub concurrency: usize,
-    /// Length of the baseline claim phase.
-    pub baseline: Duration,
+    /// Length of each slice with and each without the sweep.
+    pub slice: Duration,
     pub batch: usize,
     pub pause: Duration,
+    /// The sweeper's share of wall time ([`Sweeper::with_duty`]).
+    pub duty: f64,
     pub body_bytes: usize,
     /// Records stepped through the tiers to measure replay and dispute sizes.
     pub sample: u64,
@@ -45,9 +49,10 @@ impl Default for BenchOptions {
         Self {
             records: 1_000_000,
             concurrency: 16,
-            baseline: Duration::from_secs(5),
+            slice: Duration::from_secs(2),
             batch: crate::DEFAULT_BATCH,
             pause: Duration::ZERO,
+            duty: crate::DEFAULT_DUTY,
             body_bytes: 256,
             sample: 2_000,
         }
@@ -87,6 +92,8 @@ impl Latency {
 pub struct BenchReport {
     pub backend: String,
     pub records: u64,
+    pub batch: usize,
+    pub duty: f64,
     pub seed_ms: u64,
     pub sweep_ms: u64,
     /// Seeded records fully walked to the archive per second of sweep.
@@ -126,44 +133,68 @@ pub async fn bench(
     let before = retention.usage().await?;
 
     let claims_tenant = TenantId::new(format!("bench-claims-{run}")).expect("tenant");
-    let baseline_len = options.baseline;
-    let baseline = claim_load(
-        &store,
-        &claims_tenant,
-        "a",
-        options.concurrency,
-        move |started| started.elapsed() >= baseline_len,
-    )
-    .await?;
-
+    let (open_tx, gate) = tokio::sync::watch::channel(false);
     let sweeper = Sweeper::new(retention.clone(), RetentionPolicy::default())
         .with_batch(options.batch)
-        .with_pause(options.pause);
+        .with_pause(options.pause)
+        .with_duty(options.duty)
+        .with_gate(gate);
     let done = Arc::new(AtomicBool::new(false));
     let sweep = {
         let done = done.clone();
         let sweeper = sweeper.clone();
         tokio::spawn(async move {
-            let started = Instant::now();
             let report = sweeper.run(&SweepOptions::default()).await;
             done.store(true, Ordering::SeqCst);
-            (report, started.elapsed())
+            report
+        })
+    };
+    // Slices: even without the sweep, odd with it; the sweep's working time is the sum
+    // of the odd slices.
+    let clock = Arc::new(SliceClock::new());
+    let toggler = {
+        let clock = clock.clone();
+        let done = done.clone();
+        let slice = options.slice;
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !done.load(Ordering::SeqCst) {
+                tokio::time::sleep(slice).await;
+                n += 1;
+                clock.enter(n);
+                let _ = open_tx.send(n % 2 == 1);
+            }
+            let _ = open_tx.send(true);
         })
     };
     let stop = done.clone();
-    let during = claim_load(
+    let samples = claim_load(
         &store,
         &claims_tenant,
         "b",
         options.concurrency,
-        move |_| stop.load(Ordering::SeqCst),
+        clock.clone(),
+        move || stop.load(Ordering::SeqCst),
     )
     .await;
-    let (report, sweep_took) = sweep
+    let report = sweep
         .await
         .map_err(|e| StoreError::Backend(format!("sweep task: {e}")))?;
+    let _ = toggler.await;
     let report = report?;
-    let during = during?;
+    let samples = samples?;
+    let sweep_took = clock.time_in(1);
+    let quiet_took = clock.time_in(0);
+    let (with, without): (Vec<_>, Vec<_>) = samples.into_iter().partition(|s| s.slice % 2 == 1);
+    let settle = options.slice / 4;
+    let keep = |v: Vec<Sample>| -> Vec<Duration> {
+        v.into_iter()
+            .filter(|s| s.into_slice >= settle)
+            .map(|s| s.took)
+            .collect()
+    };
+    let during = Latency::of(keep(with), sweep_took);
+    let baseline = Latency::of(keep(without), quiet_took);
     let after = retention.usage().await?;
 
     // Replay and dispute sizes: a sample stepped through the tiers by `now`.
@@ -179,6 +210,10 @@ pub async fn bench(
         )
         .await?;
     let policy = RetentionPolicy::default();
+    // Not measured: no rest between batches, no gate.
+    let sweeper = Sweeper::new(retention.clone(), RetentionPolicy::default())
+        .with_batch(options.batch)
+        .with_duty(1.0);
     let step = |days: i64| SweepOptions {
         now: Some(base + days * DAY_MS + 1),
         ..SweepOptions::default()
@@ -218,6 +253,8 @@ pub async fn bench(
     Ok(BenchReport {
         backend: retention.backend().to_string(),
         records: options.records,
+        batch: options.batch,
+        duty: options.duty,
         seed_ms,
         sweep_ms: u64::try_from(sweep_took.as_millis()).unwrap_or(u64::MAX),
         records_per_sec: report.moved(Tier::Dispute) as f64 / secs,
@@ -234,26 +271,77 @@ pub async fn bench(
     })
 }
 
+/// One claim's latency and the slice it ran in.
+struct Sample {
+    slice: u64,
+    /// How far into its slice the claim started.
+    into_slice: Duration,
+    took: Duration,
+}
+
+/// The current slice, and the time spent in even (no sweep) and odd (sweep) slices.
+struct SliceClock {
+    state: Mutex<(u64, Instant, [Duration; 2])>,
+}
+
+impl SliceClock {
+    fn new() -> Self {
+        Self {
+            state: Mutex::new((0, Instant::now(), [Duration::ZERO; 2])),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Instant, [Duration; 2])> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn enter(&self, slice: u64) {
+        let mut s = self.lock();
+        let spent = s.1.elapsed();
+        let parity = (s.0 % 2) as usize;
+        s.2[parity] += spent;
+        s.0 = slice;
+        s.1 = Instant::now();
+    }
+
+    fn now(&self) -> (u64, Duration) {
+        let s = self.lock();
+        (s.0, s.1.elapsed())
+    }
+
+    /// Time spent in slices of this parity (0: without the sweep, 1: with it).
+    fn time_in(&self, parity: u64) -> Duration {
+        let s = self.lock();
+        let mut t = s.2[(parity % 2) as usize];
+        if s.0 % 2 == parity % 2 {
+            t += s.1.elapsed();
+        }
+        t
+    }
+}
+
 /// `concurrency` workers claiming and completing fresh keys until `stop` says so.
-/// Returns the claim latencies.
+/// Returns each claim's latency with its slice; a claim that straddled two slices is
+/// left out.
 async fn claim_load(
     store: &Arc<dyn IdempotencyStore>,
     tenant: &TenantId,
     phase: &str,
     concurrency: usize,
-    stop: impl Fn(Instant) -> bool + Send + Sync + Clone + 'static,
-) -> Result<Latency, StoreError> {
-    let started = Instant::now();
+    clock: Arc<SliceClock>,
+    stop: impl Fn() -> bool + Send + Sync + Clone + 'static,
+) -> Result<Vec<Sample>, StoreError> {
     let mut workers = Vec::new();
     for w in 0..concurrency.max(1) {
         let store = store.clone();
         let tenant = tenant.clone();
         let stop = stop.clone();
+        let clock = clock.clone();
         let phase = phase.to_string();
         workers.push(tokio::spawn(async move {
             let mut samples = Vec::new();
             let mut n = 0u64;
-            while !stop(started) {
+            while !stop() {
                 n += 1;
                 let req = ClaimRequest {
                     scope: Scope::new(
@@ -265,9 +353,17 @@ async fn claim_load(
                     owner: OwnerId::new(format!("w{w}")).expect("owner"),
                     lease: Duration::from_secs(30),
                 };
+                let (slice, into_slice) = clock.now();
                 let t = Instant::now();
                 let claim = store.claim(&req).await?;
-                samples.push(t.elapsed());
+                let took = t.elapsed();
+                if clock.now().0 == slice {
+                    samples.push(Sample {
+                        slice,
+                        into_slice,
+                        took,
+                    });
+                }
                 if let Claim::Proceed(token) = claim {
                     store
                         .complete(
@@ -292,7 +388,7 @@ async fn claim_load(
                 .map_err(|e| StoreError::Backend(format!("claim worker: {e}")))??,
         );
     }
-    Ok(Latency::of(all, started.elapsed()))
+    Ok(all)
 }
 
 fn elapsed_ms(started: Instant) -> u64 {
@@ -306,8 +402,9 @@ pub fn print_human(r: &BenchReport) {
         r.backend, r.records, r.seed_ms
     );
     println!(
-        "  sweep          {} ms, {:.0} records/s to the archive, {:.0} transitions/s",
-        r.sweep_ms, r.records_per_sec, r.transitions_per_sec
+        "  sweep          {} ms, {:.0} records/s to the archive, {:.0} transitions/s \
+         (batches of {}, duty {:.2})",
+        r.sweep_ms, r.records_per_sec, r.transitions_per_sec, r.batch, r.duty
     );
     let l = |name: &str, x: &Latency| {
         println!(

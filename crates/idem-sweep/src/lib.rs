@@ -8,11 +8,14 @@
 //!    (compare-and-set; an event per record in the store, a metric, a tracing warning) —
 //!    never deleted. The old owner's late finish then fails as superseded;
 //! 3. **tiers**, in order retry → replay → dispute → archive: terminal records past their
-//!    window move one tier down, in batches, each batch one transaction of
-//!    compare-and-sets. A record whose result has a pending compensation (the
-//!    application's [`CompensationCheck`]) is skipped. A record old enough walks several
-//!    tiers in one run (each tier's scan sees what the previous one demoted);
-//! 4. **archive expiry** when the policy has an archive window.
+//!    window move down, in batches, each batch one transaction of compare-and-sets. A
+//!    record past several windows (a backlog, a sweeper that was off) goes straight to
+//!    the deepest tier it is due for in one write, and the report counts every
+//!    transition it passed. A record whose result has a pending compensation (the
+//!    application's [`CompensationCheck`]) is skipped;
+//! 4. **pacing**: after each batch the sweep rests in proportion to the batch's work
+//!    ([`Sweeper::with_duty`]), so claims sharing the database keep their latency;
+//! 5. **archive expiry** when the policy has an archive window.
 //!
 //! Safety: every write is a compare-and-set on the record's version (and tier), so two
 //! sweepers without the lease, or a rerun after a crash in the middle of a batch, reach
@@ -52,14 +55,16 @@ pub const LEASE_NAME: &str = "idem.sweeper";
 pub const LEASE_TTL: Duration = Duration::from_secs(30);
 /// Default records per batch (one transaction each).
 pub const DEFAULT_BATCH: usize = 500;
+/// Default share of wall time a sweep spends working (see [`Sweeper::with_duty`]).
+pub const DEFAULT_DUTY: f64 = 0.5;
 /// Stale recoveries listed in a report (all are counted and stored as events).
 const REPORTED_EVENTS: usize = 100;
 
 /// What one run should do.
 #[derive(Debug, Clone, Default)]
 pub struct SweepOptions {
-    /// Count what would move, write nothing. Each tier is counted as it stands (a
-    /// record due for two tiers is counted once, in its current tier).
+    /// Count what would move, write nothing. A record due for several tiers counts in
+    /// each transition it would pass.
     pub dry_run: bool,
     /// The sweep's notion of now (epoch ms); `None`: the store's clock.
     pub now: Option<Millis>,
@@ -176,6 +181,8 @@ pub struct Sweeper {
     metrics: SweepMetrics,
     batch: usize,
     pause: Duration,
+    duty: f64,
+    gate: Option<tokio::sync::watch::Receiver<bool>>,
     owner: OwnerId,
 }
 
@@ -203,6 +210,8 @@ impl Sweeper {
             metrics: SweepMetrics::default(),
             batch: DEFAULT_BATCH,
             pause: Duration::ZERO,
+            duty: DEFAULT_DUTY,
+            gate: None,
             owner: OwnerId::new(format!("sweeper-{}", uuid::Uuid::now_v7().simple()))
                 .expect("visible ASCII"),
         }
@@ -231,9 +240,29 @@ impl Sweeper {
         self
     }
 
+    /// Between batches, waits while `gate` reads `false` (an operator's hold during a
+    /// peak, or a benchmark measuring claims with and without the sweep in turn). A
+    /// closed channel counts as open.
+    pub fn with_gate(mut self, gate: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
     /// A pause between batches, so claims are never queued behind a long sweep.
     pub fn with_pause(mut self, pause: Duration) -> Self {
         self.pause = pause;
+        self
+    }
+
+    /// The fraction of wall time the sweep may spend working, in (0, 1]: after a batch
+    /// that took `d` it rests `d × (1 − duty) / duty`, so claims sharing the database are
+    /// never queued behind a long run of batches. Values outside (0, 1] are clamped.
+    pub fn with_duty(mut self, duty: f64) -> Self {
+        self.duty = if duty.is_finite() {
+            duty.clamp(0.01, 1.0)
+        } else {
+            1.0
+        };
         self
     }
 
@@ -341,6 +370,7 @@ impl Sweeper {
             if !lease_ok(report) {
                 return Ok(());
             }
+            let worked = Instant::now();
             let stale = self.store.scan_stale(lease_before, self.batch).await?;
             if stale.is_empty() {
                 break;
@@ -361,7 +391,7 @@ impl Sweeper {
             if dry_run || !full {
                 break;
             }
-            self.between_batches().await;
+            self.between_batches(worked.elapsed()).await;
         }
 
         for tier in Tier::ONLINE {
@@ -375,6 +405,7 @@ impl Sweeper {
                 if !lease_ok(report) {
                     return Ok(());
                 }
+                let worked = Instant::now();
                 let due = self
                     .store
                     .scan_due(tier, cutoff, cursor.as_ref(), self.batch)
@@ -382,7 +413,8 @@ impl Sweeper {
                 let Some(last) = due.last() else { break };
                 cursor = Some(last.cursor());
                 let full = due.len() == self.batch;
-                let mut batch = Vec::with_capacity(due.len());
+                // Grouped by destination: a record past several windows moves once.
+                let mut groups: BTreeMap<Tier, Vec<Demotion>> = BTreeMap::new();
                 for d in &due {
                     if self.pending(d).await? {
                         *report
@@ -392,25 +424,33 @@ impl Sweeper {
                         self.metrics.skipped_pending(tier);
                         continue;
                     }
-                    batch.push(demotion(d));
+                    let to = self.destination(tier, d.record.completed_at, now);
+                    groups.entry(to).or_default().push(demotion(d, to));
                 }
-                let applied = if dry_run || batch.is_empty() {
-                    batch.len() as u64
-                } else {
-                    self.store.demote(tier, &batch, now).await?
-                };
-                let lost = batch.len() as u64 - applied.min(batch.len() as u64);
-                report.lost_races += lost;
-                *report.transitions.entry(transition(tier)).or_default() += applied;
-                if !dry_run {
-                    self.metrics.transitions(tier, applied);
+                let mut applied = 0;
+                for (to, batch) in &groups {
+                    let n = if dry_run {
+                        batch.len() as u64
+                    } else {
+                        self.store.demote(tier, *to, batch, now).await?
+                    };
+                    report.lost_races += batch.len() as u64 - n.min(batch.len() as u64);
+                    let mut t = tier;
+                    while t < *to {
+                        *report.transitions.entry(transition(t)).or_default() += n;
+                        if !dry_run {
+                            self.metrics.transitions(t, n);
+                        }
+                        t = t.next().expect("only the archive has no next tier");
+                    }
+                    applied += n;
                 }
                 report.batches += 1;
                 progress.add(applied);
                 if !full {
                     break;
                 }
-                self.between_batches().await;
+                self.between_batches(worked.elapsed()).await;
             }
         }
 
@@ -462,11 +502,34 @@ impl Sweeper {
         }
     }
 
-    async fn between_batches(&self) {
-        if self.pause.is_zero() {
+    /// The deepest tier a record completed at `completed_at` belongs in by `now`,
+    /// starting one below `from` (the scan already found it past `from`'s window).
+    fn destination(&self, from: Tier, completed_at: Option<Millis>, now: Millis) -> Tier {
+        let mut to = from.next().expect("online tiers have a next tier");
+        let Some(completed) = completed_at else {
+            return to;
+        };
+        while let (Some(next), Some(cutoff)) = (to.next(), self.policy.cutoff(to, now)) {
+            if completed >= cutoff {
+                break;
+            }
+            to = next;
+        }
+        to
+    }
+
+    /// Rest after a batch that took `worked`: the fixed pause plus the duty-cycle rest.
+    async fn between_batches(&self, worked: Duration) {
+        let rest = self.pause + worked.mul_f64((1.0 - self.duty) / self.duty);
+        if rest.is_zero() {
             tokio::task::yield_now().await;
         } else {
-            tokio::time::sleep(self.pause).await;
+            tokio::time::sleep(rest).await;
+        }
+        if let Some(gate) = &self.gate {
+            let mut gate = gate.clone();
+            // Err: the sender is gone, nobody can close the gate any more.
+            let _ = gate.wait_for(|open| *open).await;
         }
     }
 
@@ -507,25 +570,19 @@ impl Drop for BackgroundSweep {
 }
 
 /// The compare-and-set that moves `d` one tier down.
-pub fn demotion(d: &DueRecord) -> Demotion {
+pub fn demotion(d: &DueRecord, to: Tier) -> Demotion {
     let rec = &d.record;
-    let (result, archive) = match d.tier {
-        // Drop the response; keep status, reference and a digest of what was dropped.
-        Tier::Retry => (
-            rec.result.as_ref().map(|r| match dropped_digest(r) {
-                Some(digest) => dropped_result(r, digest, Tier::Replay),
-                None => dropped_result(r, result_digest(r), Tier::Replay),
-            }),
-            None,
-        ),
-        Tier::Replay => (
+    let (result, archive) = match to {
+        Tier::Archive => (None, Some(ArchivedRecord::of(rec))),
+        // Drop the response (if still there); keep status, reference and a digest of
+        // what was dropped, and mark the tier.
+        Tier::Retry | Tier::Replay | Tier::Dispute => (
             rec.result.as_ref().map(|r| {
                 let digest = dropped_digest(r).unwrap_or_else(|| result_digest(r));
-                dropped_result(r, digest, Tier::Dispute)
+                dropped_result(r, digest, to)
             }),
             None,
         ),
-        Tier::Dispute | Tier::Archive => (None, Some(ArchivedRecord::of(rec))),
     };
     debug_assert!(result
         .as_ref()

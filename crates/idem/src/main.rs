@@ -49,6 +49,10 @@ enum Command {
         /// Print the summary (counts per transition) as JSON.
         #[arg(long)]
         json: bool,
+        /// Share of wall time spent working, in (0, 1]: after each batch the sweep rests
+        /// so claims on the same database keep their latency.
+        #[arg(long, default_value_t = idem_sweep::DEFAULT_DUTY, value_parser = parse_duty)]
+        duty: f64,
     },
     /// Fire N concurrent duplicates of one fresh intent and check exactly one executes.
     Drill {
@@ -297,6 +301,9 @@ enum BenchCommand {
         concurrency: usize,
         #[arg(long, default_value_t = 500)]
         batch: usize,
+        /// The sweeper's share of wall time, as for `idem sweep --duty`.
+        #[arg(long, default_value_t = idem_sweep::DEFAULT_DUTY, value_parser = parse_duty)]
+        duty: f64,
         #[arg(long)]
         json: bool,
     },
@@ -502,16 +509,22 @@ async fn run(
                 ExitCode::FAILURE
             })
         }
-        Command::Sweep { dry_run, now, json } => sweep::run(url, dry_run, now, json).await,
+        Command::Sweep {
+            dry_run,
+            now,
+            json,
+            duty,
+        } => sweep::run(url, dry_run, now, json, duty).await,
         Command::Bench {
             command:
                 BenchCommand::Sweep {
                     records,
                     concurrency,
                     batch,
+                    duty,
                     json,
                 },
-        } => sweep::bench(url, records, concurrency, batch, json).await,
+        } => sweep::bench(url, records, concurrency, batch, duty, json).await,
         Command::Serve {
             listen,
             api_keys,
@@ -738,5 +751,19 @@ async fn run(
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `--duty`: a share of wall time in (0, 1].
+fn parse_duty(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a number: {e}"))?;
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{text} is outside (0, 1]; 1 means no rest between batches"
+        ))
     }
 }

@@ -53,12 +53,14 @@ pub async fn run(
     dry_run: bool,
     now: Option<String>,
     json: bool,
+    duty: f64,
 ) -> Result<ExitCode, StoreError> {
     let (policy, _sources) = idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
     let now = now.as_deref().map(parse_now).transpose()?;
     let (_, retention, leases) = open(url).await?;
-    let sweeper =
-        Sweeper::new(retention, policy).with_lease(leases, idem_lease::LeaseMetrics::default());
+    let sweeper = Sweeper::new(retention, policy)
+        .with_lease(leases, idem_lease::LeaseMetrics::default())
+        .with_duty(duty);
     let report = sweeper
         .run(&SweepOptions {
             dry_run,
@@ -133,6 +135,7 @@ pub async fn bench(
     records: u64,
     concurrency: usize,
     batch: usize,
+    duty: f64,
     json: bool,
 ) -> Result<ExitCode, StoreError> {
     let (store, retention, _tmp) = match backend_of(url)? {
@@ -161,7 +164,7 @@ pub async fn bench(
             .await?;
             s.migrate().await?;
             let s = Arc::new(s);
-            let report = run_bench(s.clone(), s.clone(), records, concurrency, batch).await;
+            let report = run_bench(s.clone(), s.clone(), records, concurrency, batch, duty).await;
             let dropped = sqlx::raw_sql(&format!(
                 "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
                 s.schema().unwrap_or_default()
@@ -178,7 +181,7 @@ pub async fn bench(
             (s, r, None)
         }
     };
-    let report = run_bench(store, retention, records, concurrency, batch).await?;
+    let report = run_bench(store, retention, records, concurrency, batch, duty).await?;
     print_bench(&report, json);
     Ok(ExitCode::SUCCESS)
 }
@@ -189,6 +192,7 @@ async fn run_bench(
     records: u64,
     concurrency: usize,
     batch: usize,
+    duty: f64,
 ) -> Result<idem_sweep::bench::BenchReport, StoreError> {
     idem_sweep::bench::bench(
         store,
@@ -197,6 +201,7 @@ async fn run_bench(
             records,
             concurrency,
             batch,
+            duty,
             ..idem_sweep::bench::BenchOptions::default()
         },
     )

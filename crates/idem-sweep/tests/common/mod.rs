@@ -437,13 +437,19 @@ impl RetentionStore for Crashing {
     ) -> Result<Vec<DueRecord>, StoreError> {
         self.inner.scan_due(tier, before, after, limit).await
     }
-    async fn demote(&self, from: Tier, batch: &[Demotion], now: Millis) -> Result<u64, StoreError> {
+    async fn demote(
+        &self,
+        from: Tier,
+        to: Tier,
+        batch: &[Demotion],
+        now: Millis,
+    ) -> Result<u64, StoreError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
             let half = &batch[..batch.len() / 2];
-            self.inner.demote(from, half, now).await?;
+            self.inner.demote(from, to, half, now).await?;
             return Err(StoreError::Unavailable("killed mid-batch".into()));
         }
-        self.inner.demote(from, batch, now).await
+        self.inner.demote(from, to, batch, now).await
     }
     async fn scan_stale(&self, b: Millis, l: usize) -> Result<Vec<StaleRecord>, StoreError> {
         self.inner.scan_stale(b, l).await
@@ -605,6 +611,194 @@ pub async fn dry_run_writes_nothing(env: &Env) {
     );
 }
 
+/// Counts the records of each demote call by (from, to).
+struct Counting {
+    inner: Arc<dyn RetentionStore>,
+    moves: std::sync::Mutex<BTreeMap<(Tier, Tier), u64>>,
+}
+
+#[async_trait]
+impl ArchiveLookup for Counting {
+    async fn archived(
+        &self,
+        t: &TenantId,
+        k: &IdempotencyKey,
+    ) -> Result<Option<ArchivedRecord>, StoreError> {
+        self.inner.archived(t, k).await
+    }
+    async fn archived_by_ref(
+        &self,
+        t: Option<&TenantId>,
+        r: &str,
+    ) -> Result<Vec<ArchivedRecord>, StoreError> {
+        self.inner.archived_by_ref(t, r).await
+    }
+}
+
+#[async_trait]
+impl RetentionStore for Counting {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn now(&self) -> Result<Millis, StoreError> {
+        self.inner.now().await
+    }
+    async fn scan_due(
+        &self,
+        tier: Tier,
+        before: Millis,
+        after: Option<&ScanCursor>,
+        limit: usize,
+    ) -> Result<Vec<DueRecord>, StoreError> {
+        self.inner.scan_due(tier, before, after, limit).await
+    }
+    async fn demote(
+        &self,
+        from: Tier,
+        to: Tier,
+        batch: &[Demotion],
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        let n = self.inner.demote(from, to, batch, now).await?;
+        *self.moves.lock().unwrap().entry((from, to)).or_default() += n;
+        Ok(n)
+    }
+    async fn scan_stale(&self, b: Millis, l: usize) -> Result<Vec<StaleRecord>, StoreError> {
+        self.inner.scan_stale(b, l).await
+    }
+    async fn recover_stale(
+        &self,
+        batch: &[StaleRecord],
+        b: Millis,
+        now: Millis,
+    ) -> Result<Vec<StaleRecord>, StoreError> {
+        self.inner.recover_stale(batch, b, now).await
+    }
+    async fn expire_archive(&self, b: Millis) -> Result<ArchiveExpiry, StoreError> {
+        self.inner.expire_archive(b).await
+    }
+    async fn tier_of(&self, s: &Scope) -> Result<Option<Tier>, StoreError> {
+        self.inner.tier_of(s).await
+    }
+    async fn usage(&self) -> Result<Vec<TierUsage>, StoreError> {
+        self.inner.usage().await
+    }
+    async fn seed_terminal(
+        &self,
+        t: &TenantId,
+        p: &str,
+        n: u64,
+        c: Millis,
+        b: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.seed_terminal(t, p, n, c, b).await
+    }
+}
+
+/// A backlog: records past several windows move to the deepest tier they are due for
+/// in one write each, land exactly where a tier-by-tier walk puts them, and the report
+/// counts every transition they passed. A demotion never goes up or stays in place.
+pub async fn backlog_moves_once(env: &Env) {
+    let now = env.retention.now().await.unwrap();
+    // Tier by tier (a sweep every few days) as the reference.
+    let walked = seeded(env, now - 100 * DAY_MS).await;
+    for days in [2, 10, 100] {
+        sweeper(env)
+            .run(&SweepOptions {
+                now: Some(now - 100 * DAY_MS + days * DAY_MS),
+                ..SweepOptions::default()
+            })
+            .await
+            .unwrap();
+    }
+    let reference = snapshot(env, &walked, SEEDED).await;
+
+    let old = seeded(env, now - 100 * DAY_MS).await;
+    let counting = Arc::new(Counting {
+        inner: env.retention.clone(),
+        moves: Default::default(),
+    });
+    let report = Sweeper::new(counting.clone(), RetentionPolicy::default())
+        .with_batch(7)
+        .run(&SweepOptions::default())
+        .await
+        .unwrap();
+    for tier in Tier::ONLINE {
+        assert_eq!(report.moved(tier), SEEDED, "{report:?}");
+    }
+    let moves = counting.moves.lock().unwrap().clone();
+    assert_eq!(
+        moves,
+        BTreeMap::from([((Tier::Retry, Tier::Archive), SEEDED)]),
+        "one write per record"
+    );
+    // Same archive rows as the walk (digests, reference, times), keyed per tenant.
+    let strip = |m: BTreeMap<String, String>| m.into_values().collect::<Vec<_>>();
+    assert_eq!(strip(snapshot(env, &old, SEEDED).await), strip(reference));
+
+    // Ten days old: replay window passed, dispute window not: straight to dispute.
+    let mid = seeded(env, now - 10 * DAY_MS).await;
+    counting.moves.lock().unwrap().clear();
+    let report = Sweeper::new(counting.clone(), RetentionPolicy::default())
+        .run(&SweepOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(report.moved(Tier::Retry), SEEDED);
+    assert_eq!(report.moved(Tier::Replay), SEEDED);
+    assert_eq!(report.moved(Tier::Dispute), 0);
+    let scope = Scope::new(mid.clone(), IdempotencyKey::new("k-0").unwrap());
+    assert_eq!(
+        env.retention.tier_of(&scope).await.unwrap(),
+        Some(Tier::Dispute)
+    );
+    assert_eq!(
+        counting.moves.lock().unwrap().clone(),
+        BTreeMap::from([((Tier::Retry, Tier::Dispute), SEEDED)])
+    );
+
+    for (from, to) in [(Tier::Replay, Tier::Replay), (Tier::Dispute, Tier::Retry)] {
+        let err = env.retention.demote(from, to, &[], now).await.unwrap_err();
+        assert!(matches!(err, StoreError::InvalidInput(_)), "{err:?}");
+    }
+}
+
+/// A closed gate holds the sweep between batches; opening it lets the sweep finish.
+pub async fn gate_holds_between_batches(env: &Env) {
+    let now = env.retention.now().await.unwrap();
+    let t = seeded(env, now - 100 * DAY_MS).await;
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let s = sweeper(env).with_gate(gate);
+    let run = tokio::spawn(async move { s.run(&SweepOptions::default()).await });
+    // The first batch (7 records) goes, then the sweep waits.
+    let mut archived = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        archived = count_archived(env, &t).await;
+        if archived > 0 {
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(count_archived(env, &t).await, 7, "held after one batch");
+    assert_eq!(archived, 7);
+    assert!(!run.is_finished());
+    open.send(true).unwrap();
+    let report = run.await.unwrap().unwrap();
+    assert_eq!(report.moved(Tier::Dispute), SEEDED);
+    assert_eq!(count_archived(env, &t).await, SEEDED);
+}
+
+async fn count_archived(env: &Env, t: &TenantId) -> u64 {
+    let mut n = 0;
+    for i in 0..SEEDED {
+        let key = IdempotencyKey::new(format!("k-{i}")).unwrap();
+        if env.retention.archived(t, &key).await.unwrap().is_some() {
+            n += 1;
+        }
+    }
+    n
+}
+
 #[macro_export]
 macro_rules! retention_tests {
     ($env:expr) => {
@@ -637,6 +831,16 @@ macro_rules! retention_tests {
         async fn dry_run_writes_nothing() {
             let Some(env) = $env else { return };
             common::dry_run_writes_nothing(&env).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn backlog_moves_once() {
+            let Some(env) = $env else { return };
+            common::backlog_moves_once(&env).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn gate_holds_between_batches() {
+            let Some(env) = $env else { return };
+            common::gate_holds_between_batches(&env).await;
         }
     };
 }
