@@ -8,6 +8,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod lease;
 pub mod policy;
+pub mod recent;
 pub mod record;
 pub mod retention;
 pub mod store;
@@ -19,6 +20,7 @@ pub use lease::{
     LeaseStatus, LeaseStore, Release, Renew,
 };
 pub use policy::{Outcome, OutcomePolicy};
+pub use recent::RecentKeys;
 pub use record::{Millis, Record, RecordState, StoredResult};
 pub use retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, CompensationCheck, Demotion, DueRecord,

@@ -224,6 +224,99 @@ fn lease_from_row(name: &LeaseName, row: &PgRow) -> Result<Lease, LeaseError> {
     })
 }
 
+/// The common grant in one statement (one round trip, one commit): no lease row for the
+/// name in this statement's snapshot. The counter is bumped under its row lock (so
+/// concurrent grants get strictly rising tokens in commit order), the lease row is
+/// inserted unless one appeared meanwhile, and the evidence is written from what was
+/// inserted. `None`: a lease row exists (live, or expired and to be settled) or
+/// appeared concurrently — the locked path decides. A bump whose insert lost leaves a
+/// gap in the counter, never a repeat.
+async fn fast_grant(
+    exec: impl PgExecutor<'_>,
+    clock: &ClockShift,
+    t: &Tables,
+    name: &LeaseName,
+    owner: &OwnerId,
+    ttl: Duration,
+) -> Result<Option<Lease>, LeaseError> {
+    // The time is read in `g`'s select list, after `bump` holds the counter row lock.
+    let row: Option<(i64, i64, i64)> = sqlx::query_as(&format!(
+        "WITH bump AS ( \
+           INSERT INTO {tokens} AS t (name, last_token) \
+           SELECT $1, 1 WHERE NOT EXISTS (SELECT 1 FROM {leases} WHERE name = $1) \
+           ON CONFLICT (name) DO UPDATE SET last_token = t.last_token + 1 \
+           RETURNING t.last_token \
+         ), g AS ( \
+           INSERT INTO {leases} (name, owner, token, acquired_at, expires_at, renewals) \
+           SELECT $1, $2, b.last_token, n.now_ms, n.now_ms + $3, 0 \
+           FROM bump b CROSS JOIN LATERAL (SELECT {CLOCK} + $4 + 0 * b.last_token AS now_ms) n \
+           ON CONFLICT (name) DO NOTHING \
+           RETURNING token, acquired_at, expires_at \
+         ), ev AS ( \
+           INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
+           SELECT $1, $5, acquired_at, $2, token, acquired_at, expires_at FROM g \
+         ) \
+         SELECT token, acquired_at, expires_at FROM g",
+        tokens = t.tokens,
+        leases = t.leases,
+        events = t.events,
+    ))
+    .bind(name.as_str())
+    .bind(owner.as_str())
+    .bind(lease_ms(ttl))
+    .bind(clock.millis())
+    .bind(LeaseEventKind::Acquired.as_str())
+    .fetch_optional(exec)
+    .await
+    .map_err(lerr("lease grant"))?;
+    Ok(row.map(|(token, acquired_at, expires_at)| Lease {
+        name: name.clone(),
+        owner: owner.clone(),
+        token: FencingToken::new(token),
+        acquired_at,
+        expires_at,
+        renewals: 0,
+    }))
+}
+
+/// The common release in one statement: a compare-and-delete of the caller's live lease
+/// with its evidence. `None`: the caller does not hold it (or it expired) — the locked
+/// path records the owner mismatch or settles the expiry.
+async fn fast_release(
+    exec: impl PgExecutor<'_>,
+    clock: &ClockShift,
+    t: &Tables,
+    name: &LeaseName,
+    owner: &OwnerId,
+    token: FencingToken,
+) -> Result<Option<Release>, LeaseError> {
+    let row = sqlx::query(&format!(
+        "WITH d AS ( \
+           DELETE FROM {leases} \
+           WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > {CLOCK} + $4 \
+           RETURNING owner, token, acquired_at, expires_at, renewals, {CLOCK} + $4 AS now_ms \
+         ), ev AS ( \
+           INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
+           SELECT $1, $5, now_ms, owner, token, acquired_at, expires_at FROM d \
+         ) \
+         SELECT owner, token, acquired_at, expires_at, renewals, now_ms FROM d",
+        leases = t.leases,
+        events = t.events,
+    ))
+    .bind(name.as_str())
+    .bind(owner.as_str())
+    .bind(token.get())
+    .bind(clock.millis())
+    .bind(LeaseEventKind::Released.as_str())
+    .fetch_optional(exec)
+    .await
+    .map_err(lerr("lease release"))?;
+    let Some(row) = row else { return Ok(None) };
+    let lease = lease_from_row(name, &row)?;
+    let released_at = row.try_get("now_ms").map_err(lerr("lease release"))?;
+    Ok(Some(Release::Released { lease, released_at }))
+}
+
 /// Takes the name's lock (its counter row, created at 0 if missing) and then reads the
 /// clock. Returns the counter and the store time. Held until the transaction ends.
 async fn lock_name(
@@ -534,6 +627,10 @@ impl LeaseStore for PgStore {
     ) -> Result<Acquire, LeaseError> {
         check_ttl(ttl)?;
         let t = self.lease_tables();
+        if let Some(lease) = fast_grant(&self.pool, &self.clock, &t, name, owner, ttl).await? {
+            tracing::debug!(lease = %name, %owner, token = %lease.token, "lease granted");
+            return Ok(Acquire::Granted(lease));
+        }
         // A live holder is answered from a plain read, without the lock: contenders
         // polling a held lease do not queue behind each other.
         let snap = snapshot(&self.pool, &self.clock, &t, name).await?;
@@ -654,6 +751,10 @@ impl LeaseStore for PgStore {
         token: FencingToken,
     ) -> Result<Release, LeaseError> {
         let t = self.lease_tables();
+        if let Some(released) = fast_release(&self.pool, &self.clock, &t, name, owner, token).await?
+        {
+            return Ok(released);
+        }
         let mut tx = self.begin_lease().await?;
         let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
         let answer = match locked_lease(&mut tx, &t, name).await? {

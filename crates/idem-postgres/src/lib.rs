@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use idem_core::store::check_lease;
 use idem_core::{
     decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
-    IdempotencyStore, Millis, Record, Scope, StoreError, StoreLimits,
+    IdempotencyStore, Millis, RecentKeys, Record, Scope, StoreError, StoreLimits,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
@@ -75,6 +75,10 @@ pub struct PgOptions {
     /// plain statement, existing keys two round trips). Takeovers are a separate
     /// compare-and-set either way.
     pub fresh_fast_path: bool,
+    /// Scopes remembered as holding a record (`idem_core::recent`): a claim on one of
+    /// them reads first with a plain SELECT and answers a replay or a mismatch from it.
+    /// 0 turns the shortcut off.
+    pub recent_capacity: usize,
 }
 
 impl Default for PgOptions {
@@ -87,6 +91,7 @@ impl Default for PgOptions {
             acquire_timeout: Duration::from_secs(5),
             application_name: "idem".to_string(),
             fresh_fast_path: false,
+            recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
         }
     }
 }
@@ -121,6 +126,7 @@ pub struct PgStore {
     limits: StoreLimits,
     clock: ClockShift,
     fresh_fast_path: bool,
+    recent: Arc<RecentKeys>,
     sql: Arc<sql::Statements>,
     reruns: Arc<AtomicU64>,
 }
@@ -173,6 +179,7 @@ impl PgStore {
             limits: options.limits,
             clock: options.clock,
             fresh_fast_path: options.fresh_fast_path,
+            recent: Arc::new(RecentKeys::new(options.recent_capacity)),
             reruns: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -246,7 +253,15 @@ impl PgStore {
                 self.reruns.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(scope = %req.scope, run, "claim statement re-run");
             }
-            let answer = if self.fresh_fast_path {
+            let answer = if run == 0 && self.recent.contains(&req.scope) {
+                match self.read_existing(conn, req).await? {
+                    Some(existing) => Some(existing),
+                    None => {
+                        self.recent.forget(&req.scope);
+                        self.read_or_insert(conn, req, lease_ms).await?
+                    }
+                }
+            } else if self.fresh_fast_path {
                 self.insert_then_read(conn, req, lease_ms).await?
             } else {
                 self.read_or_insert(conn, req, lease_ms).await?
@@ -264,7 +279,10 @@ impl PgStore {
                         ClaimKind::Fresh,
                     )));
                 }
-                Some(row::ClaimRow::Existing(rec, now)) => (rec, now),
+                Some(row::ClaimRow::Existing(rec, now)) => {
+                    self.recent.note(&req.scope);
+                    (rec, now)
+                }
             };
             match decide(&rec, req, now) {
                 Decision::Mismatch => return Ok(Claim::Mismatch { state: rec.state }),
@@ -344,6 +362,15 @@ impl PgStore {
                 row.try_get(2).map_err(decode)?,
             )));
         }
+        self.read_existing(conn, req).await
+    }
+
+    /// The existing record and the store time, in one plain read; `None` when absent.
+    async fn read_existing(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+    ) -> Result<Option<row::ClaimRow>, StoreError> {
         let row = sqlx::query(&self.sql.claim_read)
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
@@ -413,6 +440,7 @@ impl PgStore {
             .await
             .map_err(|e| error::map_err("finish", e))?;
         if let Some(row) = row {
+            self.recent.note(&token.scope);
             return row::finished(&row, token, finish.state, finish.result);
         }
         // Nothing matched. A retry of a finish whose response was lost: this very token

@@ -70,6 +70,13 @@ CREATE INDEX idem_records_completed_idx ON idem_records (completed_at)
         // Retention tiers, the partitioned archive: next to the statements in `retention.rs`.
         sql: crate::retention::MIGRATION_SQL,
     },
+    Migration {
+        version: 4,
+        name: "idem_records_drop_completed_idx",
+        // The sweeper's (tier, completed_at, tenant_id, key) index serves every scan by
+        // completion time; this one only cost each completion an extra index write.
+        sql: "DROP INDEX IF EXISTS idem_records_completed_idx;",
+    },
 ];
 
 /// Constant first half of the advisory lock key, so idem's lock does not collide with

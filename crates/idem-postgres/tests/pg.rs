@@ -696,3 +696,59 @@ async fn from_pool_uses_qualified_names() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     store.pool().close().await;
 }
+
+/// The replay shortcut (a plain read for scopes this store saw finished) answers replays
+/// and mismatches like the full claim, and never answers for a record that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replay_shortcut_follows_the_record() {
+    let Some(h) = harness().await else { return };
+    let store = h.store().await;
+    let mut admin = h.admin().await;
+    let t = fresh_tenant();
+    let req = request(&t, "k", "p", "a");
+    let tok = proceed(store.claim(&req).await.unwrap());
+    store.finish(&tok, succeeded("first")).await.unwrap();
+    for _ in 0..3 {
+        match store.claim(&req).await.unwrap() {
+            Claim::Replay(r) => assert_eq!(r.result.unwrap().body, b"first"),
+            other => panic!("expected replay, got {other:?}"),
+        }
+        let other = request(&t, "k", "another payload", "b");
+        assert!(matches!(
+            store.claim(&other).await.unwrap(),
+            Claim::Mismatch {
+                state: RecordState::Succeeded
+            }
+        ));
+    }
+    // The record leaves the online table (as the sweeper's archive move does): the
+    // remembered scope must not answer; the claim decides afresh.
+    admin
+        .execute(
+            format!(
+                "DELETE FROM idem_records WHERE tenant_id = '{}'",
+                t.as_str()
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+    let again = proceed(store.claim(&req).await.unwrap());
+    assert_eq!(again.kind, ClaimKind::Fresh);
+    assert_eq!(again.version, 1);
+
+    // A remembered scope whose record went back to FAILED_RETRYABLE is taken over, not
+    // replayed.
+    store
+        .finish(
+            &again,
+            Finish {
+                state: RecordState::FailedRetryable,
+                result: None,
+            },
+        )
+        .await
+        .unwrap();
+    let retry = proceed(store.claim(&req).await.unwrap());
+    assert_eq!(retry.kind, ClaimKind::RetryAfterFailure);
+}

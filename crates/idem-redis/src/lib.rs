@@ -128,8 +128,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::store::check_lease;
 use idem_core::{
-    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
-    OwnerId, Record, Scope, StoreError, StoreLimits,
+    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
+    IdempotencyStore, Millis,
+    OwnerId, RecentKeys, Record, Scope, StoreError, StoreLimits,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
@@ -170,6 +171,10 @@ pub struct RedisOptions {
     /// `CLIENT SETNAME` of this store's connection; `None` picks `idem-<uuid>`.
     /// Letters, digits and `-_.:` only (Redis forbids spaces in client names).
     pub client_name: Option<String>,
+    /// Scopes remembered as holding a record (`idem_core::recent`): a claim on one of
+    /// them first tries a plain `GET` and answers a replay or a mismatch of a finished
+    /// record from it. 0 turns the shortcut off.
+    pub recent_capacity: usize,
 }
 
 impl Default for RedisOptions {
@@ -182,6 +187,7 @@ impl Default for RedisOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             client_name: None,
+            recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
         }
     }
 }
@@ -205,6 +211,7 @@ struct Inner {
     claim: Script,
     finish: Script,
     extend: Script,
+    recent: RecentKeys,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -289,6 +296,7 @@ impl RedisStore {
                 claim: Script::new(CLAIM_LUA),
                 finish: Script::new(FINISH_LUA),
                 extend: Script::new(EXTEND_LUA),
+                recent: RecentKeys::new(options.recent_capacity),
             }),
         })
     }
@@ -374,6 +382,32 @@ impl RedisStore {
             }
             res => self.check(res),
         }
+    }
+
+    /// The replay shortcut: a plain `GET`. A finished record answers replay or mismatch
+    /// (neither needs the clock, and a finished record only changes by expiring); any
+    /// other state, or no record, leaves the decision to the claim script (`None`).
+    async fn claim_from_get(
+        &self,
+        req: &ClaimRequest,
+        key: &str,
+    ) -> Result<Option<Claim>, StoreError> {
+        let mut conn = self.conn().await;
+        let value: Option<Vec<u8>> =
+            self.check(redis::cmd("GET").arg(key).query_async(&mut conn).await)?;
+        let Some(value) = value else {
+            self.inner.recent.forget(&req.scope);
+            return Ok(None);
+        };
+        let rec = codec::decode_record(&value)?;
+        if !rec.state.is_terminal() {
+            return Ok(None);
+        }
+        Ok(Some(match decide(&rec, req, 0) {
+            Decision::Replay => Claim::Replay(rec),
+            Decision::Mismatch => Claim::Mismatch { state: rec.state },
+            Decision::InProgress | Decision::TakeOver(_) => return Ok(None),
+        }))
     }
 
     fn retention_ms(&self) -> u64 {
@@ -518,6 +552,11 @@ impl IdempotencyStore for RedisStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         self.inner.limits.check_claim(req)?;
         let key = self.record_key(&req.scope);
+        if self.inner.recent.contains(&req.scope) {
+            if let Some(claim) = self.claim_from_get(req, &key).await? {
+                return Ok(claim);
+            }
+        }
         let ident = codec::identity_block(
             &req.principal,
             &req.fingerprint,
@@ -532,6 +571,9 @@ impl IdempotencyStore for RedisStore {
             .arg(ident);
         let reply = self.eval(&self.inner.claim, &cmd).await?;
         let claim = parse_claim(req, reply)?;
+        if !matches!(claim, Claim::Proceed(_)) {
+            self.inner.recent.note(&req.scope);
+        }
         tracing::debug!(scope = %req.scope, owner = %req.owner, decision = claim.decision(), "redis claim");
         Ok(claim)
     }
@@ -549,6 +591,7 @@ impl IdempotencyStore for RedisStore {
         match self.eval(&self.inner.finish, &cmd).await? {
             Value::BulkString(head) => {
                 let rec = codec::decode_finished(&head, finish.result)?;
+                self.inner.recent.note(&token.scope);
                 tracing::debug!(scope = %token.scope, state = %rec.state, version = rec.version, "redis finish");
                 Ok(rec)
             }

@@ -564,3 +564,53 @@ async fn server_restart_is_unavailable_then_forgets() {
     assert_eq!(again.kind, ClaimKind::Fresh);
     drop(server);
 }
+
+/// The replay shortcut (a plain GET for scopes this store saw finished) answers replays
+/// and mismatches like the script, and never answers for a record that is gone or not
+/// finished.
+#[tokio::test]
+async fn replay_shortcut_follows_the_record() {
+    let Some(h) = RedisHarness::new().await else {
+        return;
+    };
+    let store = h.store().await.unwrap();
+    let t = fresh_tenant();
+    let req = request(&t, "k", "p", "a");
+    let tok = proceed(store.claim(&req).await.unwrap());
+    store.complete(&tok, result("first")).await.unwrap();
+    for _ in 0..3 {
+        match store.claim(&req).await.unwrap() {
+            Claim::Replay(r) => assert_eq!(r.result, Some(result("first"))),
+            other => panic!("expected replay, got {other:?}"),
+        }
+        let other = request(&t, "k", "another payload", "b");
+        assert!(matches!(
+            store.claim(&other).await.unwrap(),
+            Claim::Mismatch {
+                state: RecordState::Succeeded
+            }
+        ));
+    }
+    // The record vanishes (expiry, a flush): the remembered scope must not answer.
+    let mut admin = h.admin().await;
+    let _: () = redis::cmd("DEL")
+        .arg(store.record_key(&req.scope))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let again = proceed(store.claim(&req).await.unwrap());
+    assert_eq!(again.kind, ClaimKind::Fresh);
+    // Remembered, then FAILED_RETRYABLE: taken over by the script, not replayed.
+    store
+        .finish(
+            &again,
+            idem_core::Finish {
+                state: RecordState::FailedRetryable,
+                result: None,
+            },
+        )
+        .await
+        .unwrap();
+    let retry = proceed(store.claim(&req).await.unwrap());
+    assert_eq!(retry.kind, ClaimKind::RetryAfterFailure);
+}

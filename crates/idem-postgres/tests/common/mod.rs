@@ -39,6 +39,7 @@ impl PgHarness {
             acquire_timeout: Duration::from_secs(10),
             application_name: self.application_name.clone(),
             fresh_fast_path: false,
+            recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
         }
     }
 

@@ -15,7 +15,8 @@ if current then
 end
 local lease = {owner = owner, token = int(token), acquired_at = now,
                expires_at = now + ttl, renewals = 0}
-redis.call('SET', counter_k, lease.token)
+-- The previous lease is over, so the counter may live exactly as long as this one.
+redis.call('SET', counter_k, lease.token, 'PX', lease.expires_at - now + grace)
 push('acquired', lease)
-store(lease)
+store(lease, true)
 return reply(1, lease)

@@ -14,6 +14,8 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000) + 
 local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) + shift * 1000
 local grace = tonumber(ARGV[2])
 local kept = tonumber(ARGV[3])
+-- How long the event list must live after this script; applied once, in flush().
+local events_ttl = 0
 
 -- The lease hash (live or expired), or nil.
 local function load()
@@ -43,9 +45,15 @@ local function push(kind, lease, owner, token, detail)
     parts[#parts + 1] = '"expires_at":' .. int(lease.expires_at)
   end
   if detail then parts[#parts + 1] = '"detail":' .. cjson.encode(detail) end
-  redis.call('RPUSH', events_k, '{' .. table.concat(parts, ',') .. '}')
-  redis.call('LTRIM', events_k, -kept, -1)
-  keep(events_k, grace)
+  local n = redis.call('RPUSH', events_k, '{' .. table.concat(parts, ',') .. '}')
+  if n > kept then redis.call('LTRIM', events_k, -kept, -1) end
+  if grace > events_ttl then events_ttl = grace end
+end
+
+-- Extends the event list's expiry to what this script needs (once per script).
+local function flush()
+  if events_ttl > 0 then keep(events_k, events_ttl) end
+  events_ttl = 0
 end
 
 -- The live lease; an expired one is recorded as 'expired' and deleted (recorded once).
@@ -73,6 +81,7 @@ end
 
 -- Reply: {code, now} or {code, now, owner, token, acquired_at, expires_at, renewals}.
 local function reply(code, lease)
+  flush()
   if lease then
     return {code, now, lease.owner, lease.token, int(lease.acquired_at),
             int(lease.expires_at), int(lease.renewals)}
@@ -81,14 +90,15 @@ local function reply(code, lease)
 end
 
 -- Writes the lease hash. It is collected `grace` after its deadline; the counter and
--- the events live at least as long.
-local function store(lease)
+-- the events live at least as long (`counter_set`: the caller just wrote the counter
+-- with that expiry).
+local function store(lease, counter_set)
   local ms = lease.expires_at - now + grace
   redis.call('HSET', lease_k, 'owner', lease.owner, 'token', lease.token,
     'acquired_at', int(lease.acquired_at), 'expires_at', int(lease.expires_at),
     'renewals', int(lease.renewals))
   redis.call('PEXPIRE', lease_k, ms)
-  keep(counter_k, ms)
-  keep(events_k, ms)
+  if not counter_set then keep(counter_k, ms) end
+  if ms > events_ttl then events_ttl = ms end
 end
 
