@@ -751,7 +751,8 @@ impl LeaseStore for PgStore {
         token: FencingToken,
     ) -> Result<Release, LeaseError> {
         let t = self.lease_tables();
-        if let Some(released) = fast_release(&self.pool, &self.clock, &t, name, owner, token).await?
+        if let Some(released) =
+            fast_release(&self.pool, &self.clock, &t, name, owner, token).await?
         {
             return Ok(released);
         }

@@ -129,8 +129,7 @@ use async_trait::async_trait;
 use idem_core::store::check_lease;
 use idem_core::{
     decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
-    IdempotencyStore, Millis,
-    OwnerId, RecentKeys, Record, Scope, StoreError, StoreLimits,
+    IdempotencyStore, Millis, OwnerId, RecentKeys, Record, Scope, StoreError, StoreLimits,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
