@@ -332,6 +332,9 @@ fn day_100_audit_finds_the_archived_fingerprint() {
         String::from_utf8_lossy(&out.stderr)
     );
     let sweep = json(&out);
+    // A 100-day-old record passes every transition, in one write.
+    assert_eq!(sweep["transitions"]["retry->replay"], 1);
+    assert_eq!(sweep["transitions"]["replay->dispute"], 1);
     assert_eq!(sweep["transitions"]["dispute->archive"], 1);
 
     let out = idem(
@@ -446,4 +449,22 @@ fn serve_answers_duplicates_with_the_first_order() {
     assert!(bodies
         .iter()
         .all(|b| b["order_id"] == bodies[0]["order_id"]));
+}
+
+#[test]
+fn sweep_duty_outside_zero_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    for bad in ["0", "1.5", "-1", "NaN", "half"] {
+        let out = idem(&url, &["sweep", &format!("--duty={bad}")]);
+        assert_eq!(out.status.code(), Some(2), "--duty {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--duty"), "--duty {bad}: {err}");
+    }
+    let out = idem(&url, &["sweep", "--duty", "1", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
