@@ -2,8 +2,9 @@
 //!
 //! A retry storm or a double click sends the same key again and again, usually to the
 //! instance that answered first. For a scope in this set a store reads first (a plain
-//! read, as cheap as the raw driver's) and answers a replay or a mismatch from it; only
-//! when the record is absent or needs a write (a takeover) does it run its full claim.
+//! read, as cheap as the raw driver's) and decides from it what needs no write (Redis:
+//! a finished record's replay or mismatch; PostgreSQL: every decision, a takeover still
+//! being its compare-and-set); when the record is absent it runs its full claim.
 //! The hint never decides anything: a stale entry costs one extra read, a missing one
 //! costs nothing. Memory is bounded by two generations of at most `capacity` 64-bit
 //! digests each; when the current generation fills, the older one is dropped.

@@ -21,14 +21,21 @@
 //!
 //! # Atomicity
 //!
-//! Every change is one READ COMMITTED transaction that first locks the name's counter
-//! row (`INSERT … ON CONFLICT DO UPDATE`, which waits for a concurrent holder of the
-//! row and then sees its committed value) and reads the database clock *after* the lock.
-//! Every writer of a name's lease row holds that lock, so the following read of the
-//! lease row is stable until commit, and the evidence commits with the change. A grant
-//! is one statement that bumps the counter, writes the lease and records `acquired`.
-//! An acquire that finds a live holder answers from one plain read and writes nothing,
-//! so contenders polling a held lease do not queue on the lock.
+//! The two common changes are one statement each. The uncontended grant bumps the
+//! name's counter under its row lock (`INSERT … ON CONFLICT DO UPDATE`, which waits for
+//! a concurrent holder of the row and then sees its committed value), inserts the lease
+//! row unless one appeared meanwhile (`ON CONFLICT DO NOTHING` sees committed rows, not
+//! only the snapshot) and records `acquired`; a bump whose insert lost leaves a gap in
+//! the counter, never a repeat. The holder's release is a compare-and-delete on owner,
+//! token and a live lease, with its `released` event; a concurrent locked change of the
+//! same row waits on it and re-checks the row (`FOR UPDATE`, READ COMMITTED).
+//!
+//! Every other change (a grant over an expired lease, renewals, a release by a
+//! non-holder, force-release) is one READ COMMITTED transaction that first locks the
+//! name's counter row and reads the database clock *after* the lock, then reads the
+//! lease row `FOR UPDATE`, so it is stable until commit, and the evidence commits with
+//! the change. An acquire that finds a live holder answers from one plain read and
+//! writes nothing, so contenders polling a held lease do not queue on the lock.
 //!
 //! Tokens: `max(counter, token of the lease row) + 1`. A renew, release or
 //! force-release of a name never granted leaves its counter row at 0 (the lock it took);
@@ -613,8 +620,8 @@ impl PgStore {
 }
 
 /// Leases whose tokens come from a per-name counter row that is never deleted or
-/// lowered (enforced by a trigger), changed under that row's lock in one transaction
-/// with the lease row and its evidence; times from the database clock. Tokens never go
+/// lowered (enforced by a trigger), bumped under that row's lock in the same
+/// transaction as the lease row and its evidence; times from the database clock. Tokens never go
 /// back as far as committed transactions survive (use synchronous replication if a
 /// failover must not lose a grant).
 #[async_trait]

@@ -6,7 +6,9 @@
 //!   in `idem_schema_migrations` ([`PgStore::migrate`]).
 //! - [`PgStore`], an [`IdempotencyStore`]: a claim is one statement that inserts a fresh
 //!   PROCESSING record or returns the existing one (one round trip for fresh, replay, in
-//!   progress and mismatch); [`idem_core::decide`] reads the existing record, and a
+//!   progress and mismatch; a scope this store saw finished lately is read first with a
+//!   plain SELECT, see [`idem_core::recent`]); [`idem_core::decide`] reads the existing
+//!   record, and a
 //!   takeover (FAILED_RETRYABLE, or PROCESSING past its lease) is a compare-and-set on
 //!   the version it read. Finish and heartbeat are compare-and-sets on
 //!   `(version, owner, state = PROCESSING)`.
@@ -76,8 +78,9 @@ pub struct PgOptions {
     /// compare-and-set either way.
     pub fresh_fast_path: bool,
     /// Scopes remembered as holding a record (`idem_core::recent`): a claim on one of
-    /// them reads first with a plain SELECT and answers a replay or a mismatch from it.
-    /// 0 turns the shortcut off.
+    /// them reads first with a plain SELECT and decides from it (a takeover is still its
+    /// compare-and-set); when the record is gone it runs the one-statement claim. 0
+    /// turns the shortcut off.
     pub recent_capacity: usize,
 }
 

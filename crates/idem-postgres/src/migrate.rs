@@ -75,7 +75,9 @@ CREATE INDEX idem_records_completed_idx ON idem_records (completed_at)
         name: "idem_records_drop_completed_idx",
         // The sweeper's (tier, completed_at, tenant_id, key) index serves every scan by
         // completion time; this one only cost each completion an extra index write.
-        sql: "DROP INDEX IF EXISTS idem_records_completed_idx;",
+        // DROP INDEX takes the table's exclusive lock: give up rather than queue every
+        // claim behind a long transaction (rerun `idem migrate` when it is quiet).
+        sql: "SET LOCAL lock_timeout = '10s'; DROP INDEX IF EXISTS idem_records_completed_idx;",
     },
     Migration {
         version: 5,
@@ -83,7 +85,8 @@ CREATE INDEX idem_records_completed_idx ON idem_records (completed_at)
         // The event log is append-only with ids from its identity sequence, read by
         // (name, id): that index is the only one it needs. Every lease change writes an
         // event, so a second index was a second write on the hot path.
-        sql: "ALTER TABLE idem_lease_events DROP CONSTRAINT IF EXISTS idem_lease_events_pkey;",
+        sql: "SET LOCAL lock_timeout = '10s'; \
+              ALTER TABLE idem_lease_events DROP CONSTRAINT IF EXISTS idem_lease_events_pkey;",
     },
 ];
 

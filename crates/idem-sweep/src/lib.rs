@@ -8,7 +8,8 @@
 //!    (compare-and-set; an event per record in the store, a metric, a tracing warning) —
 //!    never deleted. The old owner's late finish then fails as superseded;
 //! 3. **tiers**, in order retry → replay → dispute → archive: terminal records past their
-//!    window move down, in batches, each batch one transaction of compare-and-sets. A
+//!    window move down, in batches; a batch's moves to one destination tier are one
+//!    transaction of compare-and-sets (a batch spans up to three). A
 //!    record past several windows (a backlog, a sweeper that was off) goes straight to
 //!    the deepest tier it is due for in one write, and the report counts every
 //!    transition it passed. A record whose result has a pending compensation (the
@@ -53,10 +54,12 @@ pub use metrics::SweepMetrics;
 pub const LEASE_NAME: &str = "idem.sweeper";
 /// How long the lease lasts between renewals (renewed every third).
 pub const LEASE_TTL: Duration = Duration::from_secs(30);
-/// Default records per batch (one transaction each).
+/// Default records scanned per batch.
 pub const DEFAULT_BATCH: usize = 500;
 /// Default share of wall time a sweep spends working (see [`Sweeper::with_duty`]).
 pub const DEFAULT_DUTY: f64 = 0.5;
+/// The smallest duty: a sweep rests at most 99 times as long as it works.
+pub const MIN_DUTY: f64 = 0.01;
 /// Stale recoveries listed in a report (all are counted and stored as events).
 const REPORTED_EVENTS: usize = 100;
 
@@ -234,13 +237,13 @@ impl Sweeper {
         self
     }
 
-    /// Records per batch (each one transaction), at least 1.
+    /// Records scanned per batch (one transaction per destination tier), at least 1.
     pub fn with_batch(mut self, batch: usize) -> Self {
         self.batch = batch.max(1);
         self
     }
 
-    /// Between batches, waits while `gate` reads `false` (an operator's hold during a
+    /// Before each batch, waits while `gate` reads `false` (an operator's hold during a
     /// peak, or a benchmark measuring claims with and without the sweep in turn). A
     /// closed channel counts as open.
     pub fn with_gate(mut self, gate: tokio::sync::watch::Receiver<bool>) -> Self {
@@ -254,12 +257,13 @@ impl Sweeper {
         self
     }
 
-    /// The fraction of wall time the sweep may spend working, in (0, 1]: after a batch
-    /// that took `d` it rests `d × (1 − duty) / duty`, so claims sharing the database are
-    /// never queued behind a long run of batches. Values outside (0, 1] are clamped.
+    /// The fraction of wall time the sweep may spend working, in [`MIN_DUTY`, 1]: after
+    /// a batch that took `d` it rests `d × (1 − duty) / duty`, so claims sharing the
+    /// database are never queued behind a long run of batches. Other values are clamped
+    /// (the CLI refuses them).
     pub fn with_duty(mut self, duty: f64) -> Self {
         self.duty = if duty.is_finite() {
-            duty.clamp(0.01, 1.0)
+            duty.clamp(MIN_DUTY, 1.0)
         } else {
             1.0
         };
@@ -367,6 +371,7 @@ impl Sweeper {
             .saturating_sub(idem_core::retention::millis(self.policy.stale_grace));
         progress.phase("stale");
         loop {
+            self.wait_gate().await;
             if !lease_ok(report) {
                 return Ok(());
             }
@@ -402,6 +407,7 @@ impl Sweeper {
             progress.phase(tier.as_str());
             let mut cursor = None;
             loop {
+                self.wait_gate().await;
                 if !lease_ok(report) {
                     return Ok(());
                 }
@@ -520,12 +526,18 @@ impl Sweeper {
 
     /// Rest after a batch that took `worked`: the fixed pause plus the duty-cycle rest.
     async fn between_batches(&self, worked: Duration) {
-        let rest = self.pause + worked.mul_f64((1.0 - self.duty) / self.duty);
+        let rest = self
+            .pause
+            .saturating_add(worked.mul_f64((1.0 - self.duty) / self.duty));
         if rest.is_zero() {
             tokio::task::yield_now().await;
         } else {
             tokio::time::sleep(rest).await;
         }
+    }
+
+    /// Waits while the gate is held (before every batch).
+    async fn wait_gate(&self) {
         if let Some(gate) = &self.gate {
             let mut gate = gate.clone();
             // Err: the sender is gone, nobody can close the gate any more.
@@ -569,7 +581,7 @@ impl Drop for BackgroundSweep {
     }
 }
 
-/// The compare-and-set that moves `d` one tier down.
+/// The compare-and-set that moves `d` down to tier `to`.
 pub fn demotion(d: &DueRecord, to: Tier) -> Demotion {
     let rec = &d.record;
     let (result, archive) = match to {

@@ -3,7 +3,7 @@
 //!
 //! | metric | labels | meaning |
 //! |---|---|---|
-//! | `idem_sweep_transitions_total` | `from` = `retry`, `replay`, `dispute` | records moved one tier down |
+//! | `idem_sweep_transitions_total` | `from` = `retry`, `replay`, `dispute` | transitions out of the tier (a backlog record moved several tiers in one write counts in each) |
 //! | `idem_sweep_stale_recovered_total` | — | PROCESSING records past their lease turned FAILED_RETRYABLE |
 //! | `idem_sweep_skipped_pending_total` | `tier` | records kept in their tier because compensation is pending |
 //! | `idem_sweep_archive_expired_total` | — | archive rows removed by the archive window |

@@ -49,7 +49,7 @@ enum Command {
         /// Print the summary (counts per transition) as JSON.
         #[arg(long)]
         json: bool,
-        /// Share of wall time spent working, in (0, 1]: after each batch the sweep rests
+        /// Share of wall time spent working, in [0.01, 1]: after each batch the sweep rests
         /// so claims on the same database keep their latency.
         #[arg(long, default_value_t = idem_sweep::DEFAULT_DUTY, value_parser = parse_duty)]
         duty: f64,
@@ -754,16 +754,17 @@ async fn run(
     }
 }
 
-/// `--duty`: a share of wall time in (0, 1].
+/// `--duty`: a share of wall time in [MIN_DUTY, 1].
 fn parse_duty(text: &str) -> Result<f64, String> {
     let v: f64 = text
         .parse()
         .map_err(|e| format!("{text:?} is not a number: {e}"))?;
-    if v.is_finite() && v > 0.0 && v <= 1.0 {
+    if v.is_finite() && (idem_sweep::MIN_DUTY..=1.0).contains(&v) {
         Ok(v)
     } else {
         Err(format!(
-            "{text} is outside (0, 1]; 1 means no rest between batches"
+            "{text} is outside [{}, 1]; 1 means no rest between batches",
+            idem_sweep::MIN_DUTY
         ))
     }
 }

@@ -455,7 +455,7 @@ fn serve_answers_duplicates_with_the_first_order() {
 fn sweep_duty_outside_zero_one_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-    for bad in ["0", "1.5", "-1", "NaN", "half"] {
+    for bad in ["0", "0.001", "1.5", "-1", "NaN", "half"] {
         let out = idem(&url, &["sweep", &format!("--duty={bad}")]);
         assert_eq!(out.status.code(), Some(2), "--duty {bad}");
         let err = String::from_utf8_lossy(&out.stderr);

@@ -611,10 +611,12 @@ pub async fn dry_run_writes_nothing(env: &Env) {
     );
 }
 
-/// Counts the records of each demote call by (from, to).
+/// Counts the records of each demote call by (from, to); with `hold`, closes that gate
+/// after every demote.
 struct Counting {
     inner: Arc<dyn RetentionStore>,
     moves: std::sync::Mutex<BTreeMap<(Tier, Tier), u64>>,
+    hold: std::sync::Mutex<Option<tokio::sync::watch::Sender<bool>>>,
 }
 
 #[async_trait]
@@ -661,6 +663,9 @@ impl RetentionStore for Counting {
     ) -> Result<u64, StoreError> {
         let n = self.inner.demote(from, to, batch, now).await?;
         *self.moves.lock().unwrap().entry((from, to)).or_default() += n;
+        if let Some(hold) = self.hold.lock().unwrap().as_ref() {
+            hold.send_replace(false);
+        }
         Ok(n)
     }
     async fn scan_stale(&self, b: Millis, l: usize) -> Result<Vec<StaleRecord>, StoreError> {
@@ -717,6 +722,7 @@ pub async fn backlog_moves_once(env: &Env) {
     let counting = Arc::new(Counting {
         inner: env.retention.clone(),
         moves: Default::default(),
+        hold: Default::default(),
     });
     let report = Sweeper::new(counting.clone(), RetentionPolicy::default())
         .with_batch(7)
@@ -762,27 +768,48 @@ pub async fn backlog_moves_once(env: &Env) {
     }
 }
 
-/// A closed gate holds the sweep between batches; opening it lets the sweep finish.
+/// A held gate stops the sweep before its next batch; releasing it lets it go on.
 pub async fn gate_holds_between_batches(env: &Env) {
     let now = env.retention.now().await.unwrap();
     let t = seeded(env, now - 100 * DAY_MS).await;
     let (open, gate) = tokio::sync::watch::channel(false);
-    let s = sweeper(env).with_gate(gate);
+    // The store closes the gate again after each batch it applies.
+    let counting = Arc::new(Counting {
+        inner: env.retention.clone(),
+        moves: Default::default(),
+        hold: std::sync::Mutex::new(Some(open.clone())),
+    });
+    let s = Sweeper::new(counting.clone(), RetentionPolicy::default())
+        .with_batch(7)
+        .with_duty(1.0)
+        .with_gate(gate);
     let run = tokio::spawn(async move { s.run(&SweepOptions::default()).await });
-    // The first batch (7 records) goes, then the sweep waits.
-    let mut archived = 0;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        archived = count_archived(env, &t).await;
-        if archived > 0 {
-            break;
-        }
-    }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(count_archived(env, &t).await, 7, "held after one batch");
-    assert_eq!(archived, 7);
+    assert_eq!(
+        count_archived(env, &t).await,
+        0,
+        "held before the first batch"
+    );
     assert!(!run.is_finished());
-    open.send(true).unwrap();
+    for batch in 1..=2u64 {
+        open.send_replace(true);
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if count_archived(env, &t).await >= 7 * batch {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            count_archived(env, &t).await,
+            7 * batch,
+            "one batch per release"
+        );
+        assert!(!run.is_finished());
+    }
+    // Released for good.
+    counting.hold.lock().unwrap().take();
+    open.send_replace(true);
     let report = run.await.unwrap().unwrap();
     assert_eq!(report.moved(Tier::Dispute), SEEDED);
     assert_eq!(count_archived(env, &t).await, SEEDED);
