@@ -619,14 +619,23 @@ impl PgStore {
     }
 }
 
-/// Leases whose tokens come from a per-name counter row that is never deleted or
-/// lowered (enforced by a trigger), bumped under that row's lock in the same
-/// transaction as the lease row and its evidence; times from the database clock. Tokens never go
-/// back as far as committed transactions survive (use synchronous replication if a
-/// failover must not lose a grant).
-#[async_trait]
-impl LeaseStore for PgStore {
-    async fn try_acquire(
+/// The lease operations, one try each; the [`LeaseStore`] methods retry them on another
+/// connection when a pooled one turns out dead (see `PgStore::once_more`).
+impl PgStore {
+    /// Whether to try again after an unavailable answer: the failed connection was closed
+    /// on release (the pool tests returned connections), so the next try takes another;
+    /// one try per pooled connection, plus one. A store that cannot be reached keeps
+    /// failing and the error stands.
+    fn lease_once_more(&self, err: &str, tries: &mut u32) -> bool {
+        *tries += 1;
+        if *tries > self.pool().options().get_max_connections() {
+            return false;
+        }
+        tracing::debug!(error = %err, "postgres lease call failed; trying another connection");
+        true
+    }
+
+    async fn try_acquire_once(
         &self,
         name: &LeaseName,
         owner: &OwnerId,
@@ -705,7 +714,7 @@ impl LeaseStore for PgStore {
         Ok(Acquire::Granted(lease))
     }
 
-    async fn renew(
+    async fn renew_once(
         &self,
         name: &LeaseName,
         owner: &OwnerId,
@@ -751,7 +760,7 @@ impl LeaseStore for PgStore {
         Ok(answer)
     }
 
-    async fn release(
+    async fn release_once(
         &self,
         name: &LeaseName,
         owner: &OwnerId,
@@ -801,6 +810,60 @@ impl LeaseStore for PgStore {
         tx.commit().await.map_err(lerr("lease commit"))?;
         Ok(answer)
     }
+}
+
+/// Leases whose tokens come from a per-name counter row that is never deleted or
+/// lowered (enforced by a trigger), bumped under that row's lock in the same
+/// transaction as the lease row and its evidence; times from the database clock. Tokens never go
+/// back as far as committed transactions survive (use synchronous replication if a
+/// failover must not lose a grant).
+#[async_trait]
+impl LeaseStore for PgStore {
+    async fn try_acquire(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Acquire, LeaseError> {
+        let mut tries = 0;
+        loop {
+            match self.try_acquire_once(name, owner, ttl).await {
+                Err(LeaseError::Unavailable(e)) if self.lease_once_more(&e, &mut tries) => {}
+                answer => return answer,
+            }
+        }
+    }
+
+    async fn renew(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<Renew, LeaseError> {
+        let mut tries = 0;
+        loop {
+            match self.renew_once(name, owner, token, ttl).await {
+                Err(LeaseError::Unavailable(e)) if self.lease_once_more(&e, &mut tries) => {}
+                answer => return answer,
+            }
+        }
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+    ) -> Result<Release, LeaseError> {
+        let mut tries = 0;
+        loop {
+            match self.release_once(name, owner, token).await {
+                Err(LeaseError::Unavailable(e)) if self.lease_once_more(&e, &mut tries) => {}
+                answer => return answer,
+            }
+        }
+    }
 
     async fn force_release(
         &self,
@@ -828,11 +891,36 @@ impl LeaseStore for PgStore {
 
     async fn show(&self, name: &LeaseName) -> Result<LeaseStatus, LeaseError> {
         let t = self.lease_tables();
-        let snap = snapshot(&self.pool, &self.clock, &t, name).await?;
+        let mut tries = 0;
+        let snap = loop {
+            match snapshot(&self.pool, &self.clock, &t, name).await {
+                Err(LeaseError::Unavailable(e)) if self.lease_once_more(&e, &mut tries) => {}
+                snap => break snap?,
+            }
+        };
+        // The counter can be ahead of every grant (a one-statement grant that lost its
+        // race keeps its bump: a gap, never a repeat). The highest token granted is in
+        // the evidence; the counter stands in only when there is none (events removed by
+        // hand).
+        let granted: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT max(token) FROM {events} WHERE name = $1 AND kind = $2",
+            events = t.events,
+        ))
+        .bind(name.as_str())
+        .bind(LeaseEventKind::Acquired.as_str())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(lerr("lease show"))?;
+        let last_token = match granted {
+            Some(g) => Some(FencingToken::new(
+                g.max(snap.lease.as_ref().map_or(0, |l| l.token.get())),
+            )),
+            None => snap.last_token,
+        };
         Ok(LeaseStatus {
             name: name.clone(),
             holder: snap.lease.filter(|l| l.is_live(snap.now)),
-            last_token: snap.last_token,
+            last_token,
             now: snap.now,
         })
     }

@@ -132,6 +132,7 @@ pub struct PgStore {
     recent: Arc<RecentKeys>,
     sql: Arc<sql::Statements>,
     reruns: Arc<AtomicU64>,
+    retries: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -159,8 +160,10 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
-            // A terminated backend is found by the ping and replaced before use.
-            .test_before_acquire(true)
+            // No ping per checkout: it doubled the round trips of every call. A backend
+            // that died while idle fails its first statement instead, and claim, finish
+            // and heartbeat try another connection (`once_more`).
+            .test_before_acquire(false)
             .connect_with(connect)
             .await
             .map_err(|e| error::map_err("connect", e))?;
@@ -184,6 +187,7 @@ impl PgStore {
             fresh_fast_path: options.fresh_fast_path,
             recent: Arc::new(RecentKeys::new(options.recent_capacity)),
             reruns: Arc::new(AtomicU64::new(0)),
+            retries: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -206,6 +210,12 @@ impl PgStore {
         self.reruns.load(Ordering::Relaxed)
     }
 
+    /// How many claims and finishes were tried once more on a fresh connection after
+    /// their connection failed (a backend that died while idle in the pool).
+    pub fn connection_retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
     /// Applies pending migrations (creating the schema if given and missing). Safe to run
     /// twice and from several processes at once. Returns the versions it applied.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
@@ -218,6 +228,30 @@ impl PgStore {
             .acquire()
             .await
             .map_err(|e| error::map_err("acquire", e))
+    }
+
+    /// After a statement failed as unavailable: closes its connection and says whether to
+    /// try again on another one. The pool does not ping before use, so after a server
+    /// restart every idle connection is dead and fails its first statement quickly; up to
+    /// one try per pooled connection, plus one, finds a live or new one. A store that
+    /// cannot be reached fails in `acquire`, which is not retried. Safe for claim, finish
+    /// and heartbeat: re-running a claim whose first run committed finds this caller's
+    /// own PROCESSING record and answers in progress (never a second execution); a
+    /// finish or heartbeat that committed is answered as the first time; reads are reads.
+    fn once_more(
+        &self,
+        mut conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+        err: &StoreError,
+        tries: &mut u32,
+    ) -> bool {
+        conn.close_on_drop();
+        *tries += 1;
+        if *tries > self.pool.options().get_max_connections() {
+            return false;
+        }
+        tracing::debug!(error = %err, "postgres connection failed; trying another");
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Claims inside the caller's transaction (`conn` is typically `&mut *tx`). The fresh
@@ -524,14 +558,26 @@ impl IdempotencyStore for PgStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         // Validate before taking a connection: bad input must not wait on the pool.
         self.limits.check_claim(req)?;
-        let mut conn = self.acquire().await?;
-        self.claim_on(&mut conn, req).await
+        let mut tries = 0;
+        loop {
+            let mut conn = self.acquire().await?;
+            match self.claim_on(&mut conn, req).await {
+                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
+                answer => return answer,
+            }
+        }
     }
 
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
         self.limits.check_finish(&finish)?;
-        let mut conn = self.acquire().await?;
-        self.finish_on(&mut conn, token, finish).await
+        let mut tries = 0;
+        loop {
+            let mut conn = self.acquire().await?;
+            match self.finish_on(&mut conn, token, finish.clone()).await {
+                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
+                answer => return answer,
+            }
+        }
     }
 
     async fn extend_lease(
@@ -540,26 +586,49 @@ impl IdempotencyStore for PgStore {
         lease: Duration,
     ) -> Result<Millis, StoreError> {
         check_lease(lease)?;
-        let mut conn = self.acquire().await?;
-        self.extend_on(&mut conn, token, lease).await
+        // A heartbeat is a compare-and-set without a version bump: running it twice is
+        // the same as once.
+        let mut tries = 0;
+        loop {
+            let mut conn = self.acquire().await?;
+            match self.extend_on(&mut conn, token, lease).await {
+                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
+                answer => return answer,
+            }
+        }
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(&self.sql.get)
-            .bind(scope.tenant.as_str())
-            .bind(scope.key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| error::map_err("get", e))?;
-        row.as_ref().map(row::record).transpose()
+        let mut tries = 0;
+        loop {
+            let mut conn = self.acquire().await?;
+            let row = sqlx::query(&self.sql.get)
+                .bind(scope.tenant.as_str())
+                .bind(scope.key.as_str())
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| error::map_err("get", e));
+            match row {
+                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
+                row => return row?.as_ref().map(row::record).transpose(),
+            }
+        }
     }
 
     async fn unique_guard(&self) -> Result<bool, StoreError> {
-        sqlx::query_scalar(&self.sql.guard)
-            .bind(&self.sql.table)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| error::map_err("unique_guard", e))
+        let mut tries = 0;
+        loop {
+            let mut conn = self.acquire().await?;
+            let found = sqlx::query_scalar(&self.sql.guard)
+                .bind(&self.sql.table)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| error::map_err("unique_guard", e));
+            match found {
+                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
+                found => return found,
+            }
+        }
     }
 }
 

@@ -463,8 +463,9 @@ async fn single_statement_64_way_race() {
 
 /// Fault test: during 64-way duplicate races, the store's own sessions are terminated
 /// (`pg_terminate_backend`, SQLSTATE 57P01). Still exactly one execution per intent;
-/// every other caller replays the same result, possibly after `Unavailable` + retry;
-/// no record is left PROCESSING.
+/// every other caller replays the same result, possibly after the store retried on
+/// another connection or answered `Unavailable` and the caller retried; no record is
+/// left PROCESSING.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn terminated_sessions_during_race() {
     let Some(h) = harness().await else { return };
@@ -550,9 +551,16 @@ async fn terminated_sessions_during_race() {
         terminated.load(Ordering::Relaxed),
         counters.unavailable.load(Ordering::Relaxed),
     );
-    eprintln!("fault test: {killed} sessions terminated, {unavailable} Unavailable answers");
+    let retried = store.connection_retries();
+    eprintln!(
+        "fault test: {killed} sessions terminated, {retried} calls retried on another \
+         connection, {unavailable} Unavailable answers"
+    );
     assert!(killed > 0, "the fault was injected");
-    assert!(unavailable > 0, "callers saw the fault as Unavailable");
+    assert!(
+        retried > 0 || unavailable > 0,
+        "the fault reached the store's calls"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -751,4 +759,97 @@ async fn replay_shortcut_follows_the_record() {
         .unwrap();
     let retry = proceed(store.claim(&req).await.unwrap());
     assert_eq!(retry.kind, ClaimKind::RetryAfterFailure);
+}
+
+/// Terminates every session of the store's pool, and waits until they are gone.
+async fn kill_store_sessions(h: &PgHarness) {
+    let mut admin = h.admin().await;
+    let kill = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+                WHERE datname = current_database() AND pid <> pg_backend_pid()
+                  AND application_name = $1";
+    let killed: i64 = sqlx::query_scalar(kill)
+        .bind(&h.application_name)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    assert!(killed > 0, "the pool held a session");
+    for _ in 0..200 {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+                .bind(&h.application_name)
+                .fetch_one(&mut admin)
+                .await
+                .unwrap();
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("sessions still there");
+}
+
+/// The pool does not ping before each use: a connection the server closed while it was
+/// idle fails its first statement, and claim, finish and lease calls try another — the
+/// caller sees no error, even when every pooled connection died (a server restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_connections_killed_by_the_server_are_replaced() {
+    let Some(h) = harness().await else { return };
+    let store = Arc::new(
+        h.store_with(PgOptions {
+            max_connections: 4,
+            ..h.options()
+        })
+        .await,
+    );
+    let t = fresh_tenant();
+    // Open several pooled connections at once.
+    let warm: Vec<_> = (0..4)
+        .map(|i| {
+            let store = store.clone();
+            let req = request(&t, &format!("warm-{i}"), "p", "o");
+            tokio::spawn(async move {
+                let tok = proceed(store.claim(&req).await.unwrap());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                store.finish(&tok, succeeded("warm")).await.unwrap();
+            })
+        })
+        .collect();
+    for w in warm {
+        w.await.unwrap();
+    }
+
+    kill_store_sessions(&h).await;
+    let before = store.connection_retries();
+    let tok = proceed(store.claim(&request(&t, "k", "p", "o")).await.unwrap());
+    assert!(store.connection_retries() > before);
+
+    kill_store_sessions(&h).await;
+    store.finish(&tok, succeeded("done")).await.unwrap();
+    match store.claim(&request(&t, "k", "p", "o2")).await.unwrap() {
+        Claim::Replay(r) => assert_eq!(r.result.unwrap().body, b"done"),
+        other => panic!("expected replay, got {other:?}"),
+    }
+
+    kill_store_sessions(&h).await;
+    let name = idem_core::LeaseName::new(format!("idle-kill-{}", t.as_str())).unwrap();
+    let owner = idem_core::OwnerId::new("o").unwrap();
+    let lease = match idem_core::LeaseStore::try_acquire(
+        store.as_ref(),
+        &name,
+        &owner,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap()
+    {
+        idem_core::Acquire::Granted(l) => l,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    kill_store_sessions(&h).await;
+    assert!(matches!(
+        idem_core::LeaseStore::release(store.as_ref(), &name, &owner, lease.token)
+            .await
+            .unwrap(),
+        idem_core::Release::Released { .. }
+    ));
 }
