@@ -622,17 +622,27 @@ impl PgStore {
 /// The lease operations, one try each; the [`LeaseStore`] methods retry them on another
 /// connection when a pooled one turns out dead (see `PgStore::once_more`).
 impl PgStore {
-    /// Whether to try again after an unavailable answer: the failed connection was closed
+    /// Runs `call`, again after an unavailable answer: the failed connection was closed
     /// on release (the pool tests returned connections), so the next try takes another;
     /// one try per pooled connection, plus one. A store that cannot be reached keeps
     /// failing and the error stands.
-    fn lease_once_more(&self, err: &str, tries: &mut u32) -> bool {
-        *tries += 1;
-        if *tries > self.pool().options().get_max_connections() {
-            return false;
+    async fn lease_retrying<T, F, Fut>(&self, mut call: F) -> Result<T, LeaseError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, LeaseError>>,
+    {
+        let mut tries = 0;
+        loop {
+            match call().await {
+                Err(LeaseError::Unavailable(e))
+                    if tries < self.pool().options().get_max_connections() =>
+                {
+                    tries += 1;
+                    tracing::debug!(error = %e, "postgres lease call failed; trying another connection");
+                }
+                answer => return answer,
+            }
         }
-        tracing::debug!(error = %err, "postgres lease call failed; trying another connection");
-        true
     }
 
     async fn try_acquire_once(
@@ -825,13 +835,8 @@ impl LeaseStore for PgStore {
         owner: &OwnerId,
         ttl: Duration,
     ) -> Result<Acquire, LeaseError> {
-        let mut tries = 0;
-        loop {
-            match self.try_acquire_once(name, owner, ttl).await {
-                Err(LeaseError::Unavailable(e)) if self.lease_once_more(&e, &mut tries) => {}
-                answer => return answer,
-            }
-        }
+        self.lease_retrying(|| self.try_acquire_once(name, owner, ttl))
+            .await
     }
 
     async fn renew(
@@ -841,13 +846,8 @@ impl LeaseStore for PgStore {
         token: FencingToken,
         ttl: Duration,
     ) -> Result<Renew, LeaseError> {
-        let mut tries = 0;
-        loop {
-            match self.renew_once(name, owner, token, ttl).await {
-                Err(LeaseError::Unavailable(e)) if self.lease_once_more(&e, &mut tries) => {}
-                answer => return answer,
-            }
-        }
+        self.lease_retrying(|| self.renew_once(name, owner, token, ttl))
+            .await
     }
 
     async fn release(
@@ -856,13 +856,8 @@ impl LeaseStore for PgStore {
         owner: &OwnerId,
         token: FencingToken,
     ) -> Result<Release, LeaseError> {
-        let mut tries = 0;
-        loop {
-            match self.release_once(name, owner, token).await {
-                Err(LeaseError::Unavailable(e)) if self.lease_once_more(&e, &mut tries) => {}
-                answer => return answer,
-            }
-        }
+        self.lease_retrying(|| self.release_once(name, owner, token))
+            .await
     }
 
     async fn force_release(
@@ -891,13 +886,9 @@ impl LeaseStore for PgStore {
 
     async fn show(&self, name: &LeaseName) -> Result<LeaseStatus, LeaseError> {
         let t = self.lease_tables();
-        let mut tries = 0;
-        let snap = loop {
-            match snapshot(&self.pool, &self.clock, &t, name).await {
-                Err(LeaseError::Unavailable(e)) if self.lease_once_more(&e, &mut tries) => {}
-                snap => break snap?,
-            }
-        };
+        let snap = self
+            .lease_retrying(|| snapshot(&self.pool, &self.clock, &t, name))
+            .await?;
         // The counter can be ahead of every grant (a one-statement grant that lost its
         // race keeps its bump: a gap, never a repeat). The highest token granted is in
         // the evidence; the counter stands in only when there is none (events removed by

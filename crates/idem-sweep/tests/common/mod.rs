@@ -394,16 +394,32 @@ async fn seeded(env: &Env, completed_at: Millis) -> TenantId {
     t
 }
 
-/// Fails after applying part of the `fail_at`-th demote batch: a sweeper killed in the
-/// middle of its work.
-struct Crashing {
+/// A retention store around the test's, watching `demote`: counts the records moved by
+/// (from, to); with `fail_at`, fails after applying half of that demote call's batch (a
+/// sweeper killed in the middle of its work); with `hold`, closes that gate after every
+/// demote.
+struct Instrumented {
     inner: Arc<dyn RetentionStore>,
     calls: AtomicUsize,
-    fail_at: usize,
+    fail_at: Option<usize>,
+    moves: std::sync::Mutex<BTreeMap<(Tier, Tier), u64>>,
+    hold: std::sync::Mutex<Option<tokio::sync::watch::Sender<bool>>>,
+}
+
+impl Instrumented {
+    fn new(inner: Arc<dyn RetentionStore>) -> Self {
+        Self {
+            inner,
+            calls: AtomicUsize::new(0),
+            fail_at: None,
+            moves: Default::default(),
+            hold: Default::default(),
+        }
+    }
 }
 
 #[async_trait]
-impl ArchiveLookup for Crashing {
+impl ArchiveLookup for Instrumented {
     async fn archived(
         &self,
         t: &TenantId,
@@ -421,7 +437,7 @@ impl ArchiveLookup for Crashing {
 }
 
 #[async_trait]
-impl RetentionStore for Crashing {
+impl RetentionStore for Instrumented {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -444,12 +460,21 @@ impl RetentionStore for Crashing {
         batch: &[Demotion],
         now: Millis,
     ) -> Result<u64, StoreError> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
-            let half = &batch[..batch.len() / 2];
-            self.inner.demote(from, to, half, now).await?;
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let (applied, killed) = if self.fail_at == Some(call) {
+            (&batch[..batch.len() / 2], true)
+        } else {
+            (batch, false)
+        };
+        let n = self.inner.demote(from, to, applied, now).await?;
+        *self.moves.lock().unwrap().entry((from, to)).or_default() += n;
+        if let Some(hold) = self.hold.lock().unwrap().as_ref() {
+            hold.send_replace(false);
+        }
+        if killed {
             return Err(StoreError::Unavailable("killed mid-batch".into()));
         }
-        self.inner.demote(from, to, batch, now).await
+        Ok(n)
     }
     async fn scan_stale(&self, b: Millis, l: usize) -> Result<Vec<StaleRecord>, StoreError> {
         self.inner.scan_stale(b, l).await
@@ -524,10 +549,9 @@ pub async fn concurrent_and_crashed_sweeps_agree(env: &Env) {
 
     // Killed in the middle of a batch, then rerun.
     let t4 = seeded(env, completed).await;
-    let crashing = Arc::new(Crashing {
-        inner: env.retention.clone(),
-        calls: AtomicUsize::new(0),
-        fail_at: 4,
+    let crashing = Arc::new(Instrumented {
+        fail_at: Some(4),
+        ..Instrumented::new(env.retention.clone())
     });
     let err = Sweeper::new(crashing, policy.clone())
         .with_batch(7)
@@ -611,95 +635,6 @@ pub async fn dry_run_writes_nothing(env: &Env) {
     );
 }
 
-/// Counts the records of each demote call by (from, to); with `hold`, closes that gate
-/// after every demote.
-struct Counting {
-    inner: Arc<dyn RetentionStore>,
-    moves: std::sync::Mutex<BTreeMap<(Tier, Tier), u64>>,
-    hold: std::sync::Mutex<Option<tokio::sync::watch::Sender<bool>>>,
-}
-
-#[async_trait]
-impl ArchiveLookup for Counting {
-    async fn archived(
-        &self,
-        t: &TenantId,
-        k: &IdempotencyKey,
-    ) -> Result<Option<ArchivedRecord>, StoreError> {
-        self.inner.archived(t, k).await
-    }
-    async fn archived_by_ref(
-        &self,
-        t: Option<&TenantId>,
-        r: &str,
-    ) -> Result<Vec<ArchivedRecord>, StoreError> {
-        self.inner.archived_by_ref(t, r).await
-    }
-}
-
-#[async_trait]
-impl RetentionStore for Counting {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    async fn now(&self) -> Result<Millis, StoreError> {
-        self.inner.now().await
-    }
-    async fn scan_due(
-        &self,
-        tier: Tier,
-        before: Millis,
-        after: Option<&ScanCursor>,
-        limit: usize,
-    ) -> Result<Vec<DueRecord>, StoreError> {
-        self.inner.scan_due(tier, before, after, limit).await
-    }
-    async fn demote(
-        &self,
-        from: Tier,
-        to: Tier,
-        batch: &[Demotion],
-        now: Millis,
-    ) -> Result<u64, StoreError> {
-        let n = self.inner.demote(from, to, batch, now).await?;
-        *self.moves.lock().unwrap().entry((from, to)).or_default() += n;
-        if let Some(hold) = self.hold.lock().unwrap().as_ref() {
-            hold.send_replace(false);
-        }
-        Ok(n)
-    }
-    async fn scan_stale(&self, b: Millis, l: usize) -> Result<Vec<StaleRecord>, StoreError> {
-        self.inner.scan_stale(b, l).await
-    }
-    async fn recover_stale(
-        &self,
-        batch: &[StaleRecord],
-        b: Millis,
-        now: Millis,
-    ) -> Result<Vec<StaleRecord>, StoreError> {
-        self.inner.recover_stale(batch, b, now).await
-    }
-    async fn expire_archive(&self, b: Millis) -> Result<ArchiveExpiry, StoreError> {
-        self.inner.expire_archive(b).await
-    }
-    async fn tier_of(&self, s: &Scope) -> Result<Option<Tier>, StoreError> {
-        self.inner.tier_of(s).await
-    }
-    async fn usage(&self) -> Result<Vec<TierUsage>, StoreError> {
-        self.inner.usage().await
-    }
-    async fn seed_terminal(
-        &self,
-        t: &TenantId,
-        p: &str,
-        n: u64,
-        c: Millis,
-        b: usize,
-    ) -> Result<u64, StoreError> {
-        self.inner.seed_terminal(t, p, n, c, b).await
-    }
-}
-
 /// A backlog: records past several windows move to the deepest tier they are due for
 /// in one write each, land exactly where a tier-by-tier walk puts them, and the report
 /// counts every transition they passed. A demotion never goes up or stays in place.
@@ -719,11 +654,7 @@ pub async fn backlog_moves_once(env: &Env) {
     let reference = snapshot(env, &walked, SEEDED).await;
 
     let old = seeded(env, now - 100 * DAY_MS).await;
-    let counting = Arc::new(Counting {
-        inner: env.retention.clone(),
-        moves: Default::default(),
-        hold: Default::default(),
-    });
+    let counting = Arc::new(Instrumented::new(env.retention.clone()));
     let report = Sweeper::new(counting.clone(), RetentionPolicy::default())
         .with_batch(7)
         .run(&SweepOptions::default())
@@ -774,10 +705,9 @@ pub async fn gate_holds_between_batches(env: &Env) {
     let t = seeded(env, now - 100 * DAY_MS).await;
     let (open, gate) = tokio::sync::watch::channel(false);
     // The store closes the gate again after each batch it applies.
-    let counting = Arc::new(Counting {
-        inner: env.retention.clone(),
-        moves: Default::default(),
+    let counting = Arc::new(Instrumented {
         hold: std::sync::Mutex::new(Some(open.clone())),
+        ..Instrumented::new(env.retention.clone())
     });
     let s = Sweeper::new(counting.clone(), RetentionPolicy::default())
         .with_batch(7)
