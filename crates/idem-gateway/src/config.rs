@@ -37,6 +37,9 @@ pub struct GatewayConfig {
     pub redis_timeout_ms: u64,
     /// How long a completed response stays in the short window. Default 2 minutes.
     pub window_ms: u64,
+    /// Memory budget of the in-process window (no Redis): past it, new keys get 503
+    /// until records expire. Default 256 MiB.
+    pub memory_window_bytes: usize,
     /// In-flight marker lease: how long an execution holds a key before another
     /// instance may take it over. Renewed every third of it while the upstream works.
     pub lease_ms: u64,
@@ -98,6 +101,7 @@ impl Default for GatewayConfig {
             redis_prefix: "idem-gw".into(),
             redis_timeout_ms: 1_000,
             window_ms: 120_000,
+            memory_window_bytes: crate::memory::DEFAULT_MAX_BYTES,
             lease_ms: 10_000,
             max_wait_ms: 30_000,
             upstream_timeout_ms: 30_000,
@@ -278,6 +282,13 @@ impl GatewayConfig {
             }
         } else {
             crate::upstream::UpstreamBase::parse(&self.upstream)?;
+        }
+        if self.memory_window_bytes < self.max_stored_bytes {
+            return bad(format!(
+                "memory_window_bytes ({}) must hold at least one stored response \
+                 (max_stored_bytes {})",
+                self.memory_window_bytes, self.max_stored_bytes
+            ));
         }
         if self.redis_prefix.is_empty() || self.redis_prefix.contains(['{', '}']) {
             return bad(format!(

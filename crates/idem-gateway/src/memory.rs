@@ -7,7 +7,10 @@
 //! [`ClockShift`]). Records expire like the Redis store's: a finished record `window`
 //! after it finished, a PROCESSING one `window` after its lease deadline. Expired records
 //! are invisible at once and removed by an amortised sweep (a min-heap of deadlines), so
-//! memory stays bounded by the traffic of one window.
+//! memory stays bounded by the traffic of one window — and by `max_bytes`: when the
+//! records held reach it, a claim on a new key fails as `Unavailable` (the gateway fails
+//! closed) instead of growing without bound under a flood of fresh keys; existing keys
+//! still replay, finish and renew.
 //!
 //! Nothing survives the process: this store dedups bursts, the business layer stays the
 //! source of truth.
@@ -34,7 +37,13 @@ pub struct MemoryOptions {
     pub limits: StoreLimits,
     /// Added to the system clock; zero in production.
     pub clock: ClockShift,
+    /// Approximate bytes of records held (keys, identity, stored responses) past which
+    /// new keys are refused.
+    pub max_bytes: usize,
 }
+
+/// Default budget of the in-memory window.
+pub const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
 
 impl Default for MemoryOptions {
     fn default() -> Self {
@@ -42,8 +51,28 @@ impl Default for MemoryOptions {
             window: Duration::from_secs(120),
             limits: StoreLimits::default(),
             clock: ClockShift::new(),
+            max_bytes: DEFAULT_MAX_BYTES,
         }
     }
+}
+
+/// What a record costs in memory, roughly: its strings and response plus a fixed
+/// overhead for the map entry, the heap entry and the record's other fields.
+fn record_bytes(r: &Record) -> usize {
+    const OVERHEAD: usize = 256;
+    let result = r.result.as_ref().map_or(0, |x| {
+        x.body.len()
+            + x.result_ref.as_ref().map_or(0, String::len)
+            + x.headers
+                .iter()
+                .map(|(n, v)| n.len() + v.len() + 16)
+                .sum::<usize>()
+    });
+    OVERHEAD
+        + 2 * (r.tenant.as_str().len() + r.key.as_str().len())
+        + r.principal.as_str().len()
+        + r.owner.as_ref().map_or(0, |o| o.as_str().len())
+        + result
 }
 
 struct Entry {
@@ -54,6 +83,8 @@ struct Entry {
 #[derive(Default)]
 struct State {
     records: HashMap<Scope, Entry>,
+    /// `record_bytes` of every record held.
+    bytes: usize,
     /// (deadline, scope) pairs; stale pairs (the record was rewritten with a later
     /// deadline) are skipped by the sweep.
     expiries: BinaryHeap<Reverse<(Millis, TenantId, IdempotencyKey)>>,
@@ -74,7 +105,9 @@ impl State {
                 .get(&scope)
                 .is_some_and(|e| e.expires_at <= now)
             {
-                self.records.remove(&scope);
+                if let Some(gone) = self.records.remove(&scope) {
+                    self.bytes = self.bytes.saturating_sub(record_bytes(&gone.record));
+                }
             }
         }
     }
@@ -90,7 +123,10 @@ impl State {
             scope.tenant.clone(),
             scope.key.clone(),
         )));
-        self.records.insert(scope, Entry { record, expires_at });
+        self.bytes += record_bytes(&record);
+        if let Some(old) = self.records.insert(scope, Entry { record, expires_at }) {
+            self.bytes = self.bytes.saturating_sub(record_bytes(&old.record));
+        }
     }
 }
 
@@ -101,6 +137,7 @@ pub struct MemoryStore {
     window_ms: i64,
     limits: StoreLimits,
     clock: ClockShift,
+    max_bytes: usize,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -118,7 +155,13 @@ impl MemoryStore {
             window_ms: i64::try_from(options.window.as_millis()).unwrap_or(i64::MAX / 4),
             limits: options.limits,
             clock: options.clock,
+            max_bytes: options.max_bytes,
         }
+    }
+
+    /// Approximate bytes of the records held (expired ones not yet swept included).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// Records currently held (expired ones not yet swept included).
@@ -160,6 +203,14 @@ impl IdempotencyStore for MemoryStore {
         let deadline = now + lease_ms(req.lease);
         let mut st = self.lock();
         st.sweep(now);
+        let fresh = st.live(&req.scope, now).is_none();
+        if fresh && st.bytes >= self.max_bytes {
+            return Err(StoreError::Unavailable(format!(
+                "the in-memory window is full ({} of {} bytes): new keys are refused until \
+                 records expire; share the window through Redis or raise its budget",
+                st.bytes, self.max_bytes
+            )));
+        }
         let (record, kind) = match st.live(&req.scope, now) {
             None => (
                 Record {
@@ -334,5 +385,52 @@ mod tests {
         );
         clock.advance(Duration::from_secs(2));
         assert_eq!(store.get(&r.scope).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_full_window_refuses_new_keys_and_serves_the_old() {
+        let clock = ClockShift::new();
+        let store = MemoryStore::new(MemoryOptions {
+            window: Duration::from_secs(60),
+            clock: clock.clone(),
+            max_bytes: 4096,
+            ..MemoryOptions::default()
+        });
+        let body = vec![b'x'; 600];
+        let mut held = Vec::new();
+        let refused = loop {
+            let r = req(&format!("k{}", held.len()));
+            match store.claim(&r).await {
+                Ok(Claim::Proceed(tok)) => {
+                    let result = StoredResult {
+                        status: 201,
+                        body: body.clone(),
+                        ..StoredResult::default()
+                    };
+                    store.complete(&tok, result).await.unwrap();
+                    held.push(r);
+                }
+                Ok(other) => panic!("fresh key answered {other:?}"),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 100, "the budget never bit");
+        };
+        assert!(refused.is_unavailable(), "{refused:?}");
+        assert!(refused.to_string().contains("window is full"), "{refused}");
+        assert!(!held.is_empty());
+        // Admission is checked before the record: the budget is overshot by one record
+        // at most.
+        assert!(store.bytes() < 4096 + 1024, "{}", store.bytes());
+        // Keys already held still replay.
+        for r in &held {
+            assert!(matches!(store.claim(r).await.unwrap(), Claim::Replay(_)));
+        }
+        // Once the window passes, the records go and new keys are taken again.
+        clock.advance(Duration::from_secs(61));
+        assert!(matches!(
+            store.claim(&req("after")).await.unwrap(),
+            Claim::Proceed(_)
+        ));
+        assert!(store.bytes() < 1024, "{}", store.bytes());
     }
 }

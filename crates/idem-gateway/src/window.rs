@@ -51,6 +51,7 @@ impl Window {
                 store: Arc::new(MemoryStore::new(MemoryOptions {
                     window: config.window(),
                     limits,
+                    max_bytes: config.memory_window_bytes,
                     ..MemoryOptions::default()
                 })),
                 wakeups: Wakeups::local(),

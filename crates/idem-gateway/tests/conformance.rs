@@ -41,6 +41,7 @@ async fn harness() -> Option<MemoryHarness> {
                 max_result_bytes: LIMIT,
             },
             clock: clock.clone(),
+            ..MemoryOptions::default()
         }),
         clock,
     })
