@@ -203,15 +203,15 @@ impl IdempotencyStore for MemoryStore {
         let deadline = now + lease_ms(req.lease);
         let mut st = self.lock();
         st.sweep(now);
-        let fresh = st.live(&req.scope, now).is_none();
-        if fresh && st.bytes >= self.max_bytes {
-            return Err(StoreError::Unavailable(format!(
-                "the in-memory window is full ({} of {} bytes): new keys are refused until \
-                 records expire; share the window through Redis or raise its budget",
-                st.bytes, self.max_bytes
-            )));
-        }
+        let held = st.bytes;
         let (record, kind) = match st.live(&req.scope, now) {
+            None if held >= self.max_bytes => {
+                return Err(StoreError::Unavailable(format!(
+                    "the in-memory window is full ({held} of {} bytes): new keys are refused \
+                     until records expire; share the window through Redis or raise its budget",
+                    self.max_bytes
+                )));
+            }
             None => (
                 Record {
                     tenant: req.scope.tenant.clone(),

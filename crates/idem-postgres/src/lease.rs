@@ -634,12 +634,7 @@ impl PgStore {
         let mut tries = 0;
         loop {
             match call().await {
-                Err(LeaseError::Unavailable(e))
-                    if tries < self.pool().options().get_max_connections() =>
-                {
-                    tries += 1;
-                    tracing::debug!(error = %e, "postgres lease call failed; trying another connection");
-                }
+                Err(LeaseError::Unavailable(e)) if self.try_another(&e, &mut tries) => {}
                 answer => return answer,
             }
         }

@@ -121,6 +121,23 @@ fn validate_schema(name: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Runs `$call`, a future using `$conn: &mut PgConnection`, on a pooled connection; after
+/// an unavailable answer, again on another one while `PgStore::once_more` allows. Every
+/// store call that is safe to run twice goes through here.
+macro_rules! on_pooled_connection {
+    ($store:expr, |$conn:ident| $call:expr) => {{
+        let mut tries = 0;
+        loop {
+            let mut pooled = $store.acquire().await?;
+            let $conn: &mut PgConnection = &mut pooled;
+            match $call.await {
+                Err(e) if e.is_unavailable() && $store.once_more(pooled, &e, &mut tries) => {}
+                answer => break answer,
+            }
+        }
+    }};
+}
+
 /// The PostgreSQL idempotency store. Cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct PgStore {
@@ -161,8 +178,8 @@ impl PgStore {
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
             // No ping per checkout: it doubled the round trips of every call. A backend
-            // that died while idle fails its first statement instead, and claim, finish
-            // and heartbeat try another connection (`once_more`).
+            // that died while idle fails its first statement instead, and the calls safe
+            // to run twice try another connection (`on_pooled_connection!`).
             .test_before_acquire(false)
             .connect_with(connect)
             .await
@@ -210,8 +227,8 @@ impl PgStore {
         self.reruns.load(Ordering::Relaxed)
     }
 
-    /// How many claims and finishes were tried once more on a fresh connection after
-    /// their connection failed (a backend that died while idle in the pool).
+    /// How many calls (claims, finishes, heartbeats, reads, lease calls) were tried again
+    /// on another connection after theirs failed (a backend that died while idle).
     pub fn connection_retries(&self) -> u64 {
         self.retries.load(Ordering::Relaxed)
     }
@@ -245,6 +262,12 @@ impl PgStore {
         tries: &mut u32,
     ) -> bool {
         conn.close_on_drop();
+        self.try_another(err, tries)
+    }
+
+    /// Counts a failed try and says whether another is allowed: one per pooled
+    /// connection, plus the first. Shared by the record and lease calls.
+    pub(crate) fn try_another(&self, err: &dyn std::fmt::Display, tries: &mut u32) -> bool {
         *tries += 1;
         if *tries > self.pool.options().get_max_connections() {
             return false;
@@ -558,26 +581,12 @@ impl IdempotencyStore for PgStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         // Validate before taking a connection: bad input must not wait on the pool.
         self.limits.check_claim(req)?;
-        let mut tries = 0;
-        loop {
-            let mut conn = self.acquire().await?;
-            match self.claim_on(&mut conn, req).await {
-                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
-                answer => return answer,
-            }
-        }
+        on_pooled_connection!(self, |conn| self.claim_on(conn, req))
     }
 
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
         self.limits.check_finish(&finish)?;
-        let mut tries = 0;
-        loop {
-            let mut conn = self.acquire().await?;
-            match self.finish_on(&mut conn, token, finish.clone()).await {
-                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
-                answer => return answer,
-            }
-        }
+        on_pooled_connection!(self, |conn| self.finish_on(conn, token, finish.clone()))
     }
 
     async fn extend_lease(
@@ -588,47 +597,29 @@ impl IdempotencyStore for PgStore {
         check_lease(lease)?;
         // A heartbeat is a compare-and-set without a version bump: running it twice is
         // the same as once.
-        let mut tries = 0;
-        loop {
-            let mut conn = self.acquire().await?;
-            match self.extend_on(&mut conn, token, lease).await {
-                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
-                answer => return answer,
-            }
-        }
+        on_pooled_connection!(self, |conn| self.extend_on(conn, token, lease))
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let mut tries = 0;
-        loop {
-            let mut conn = self.acquire().await?;
-            let row = sqlx::query(&self.sql.get)
+        let row = on_pooled_connection!(self, |conn| async {
+            sqlx::query(&self.sql.get)
                 .bind(scope.tenant.as_str())
                 .bind(scope.key.as_str())
                 .fetch_optional(&mut *conn)
                 .await
-                .map_err(|e| error::map_err("get", e));
-            match row {
-                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
-                row => return row?.as_ref().map(row::record).transpose(),
-            }
-        }
+                .map_err(|e| error::map_err("get", e))
+        })?;
+        row.as_ref().map(row::record).transpose()
     }
 
     async fn unique_guard(&self) -> Result<bool, StoreError> {
-        let mut tries = 0;
-        loop {
-            let mut conn = self.acquire().await?;
-            let found = sqlx::query_scalar(&self.sql.guard)
+        on_pooled_connection!(self, |conn| async {
+            sqlx::query_scalar(&self.sql.guard)
                 .bind(&self.sql.table)
                 .fetch_one(&mut *conn)
                 .await
-                .map_err(|e| error::map_err("unique_guard", e));
-            match found {
-                Err(e) if e.is_unavailable() && self.once_more(conn, &e, &mut tries) => {}
-                found => return found,
-            }
-        }
+                .map_err(|e| error::map_err("unique_guard", e))
+        })
     }
 }
 
