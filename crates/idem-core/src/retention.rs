@@ -499,6 +499,31 @@ pub struct StaleRecord {
     pub lease_expires_at: Millis,
 }
 
+impl StaleRecord {
+    /// From a store row's columns; a tenant, key or owner the vocabulary refuses makes
+    /// the row corrupt (a backend error).
+    pub fn from_columns(
+        tenant: String,
+        key: String,
+        version: i64,
+        owner: Option<String>,
+        lease_expires_at: Millis,
+    ) -> Result<Self, StoreError> {
+        let bad = |e: crate::key::KeyError| {
+            StoreError::Backend(format!("corrupt stale record scope: {e}"))
+        };
+        Ok(Self {
+            scope: Scope::new(
+                TenantId::new(tenant).map_err(bad)?,
+                IdempotencyKey::new(key).map_err(bad)?,
+            ),
+            version,
+            owner: owner.map(OwnerId::new).transpose().map_err(bad)?,
+            lease_expires_at,
+        })
+    }
+}
+
 /// Space a tier takes, for the benchmark and operators.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TierUsage {

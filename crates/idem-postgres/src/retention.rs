@@ -23,9 +23,7 @@ use idem_core::retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, Demotion, DueRecord, RetentionStore, ScanCursor,
     StaleRecord, Tier, TierUsage,
 };
-use idem_core::{
-    Fingerprint, IdempotencyKey, Millis, OwnerId, RecordState, Scope, StoreError, TenantId,
-};
+use idem_core::{Fingerprint, IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
@@ -417,16 +415,7 @@ impl RetentionStore for PgStore {
         .map_err(err("scan stale"))?;
         rows.into_iter()
             .map(|(tenant, key, version, owner, lease)| {
-                let bad = |e: idem_core::KeyError| corrupt("scope", e);
-                Ok(StaleRecord {
-                    scope: Scope::new(
-                        TenantId::new(tenant).map_err(bad)?,
-                        IdempotencyKey::new(key).map_err(bad)?,
-                    ),
-                    version,
-                    owner: owner.map(OwnerId::new).transpose().map_err(bad)?,
-                    lease_expires_at: lease,
-                })
+                StaleRecord::from_columns(tenant, key, version, owner, lease)
             })
             .collect()
     }

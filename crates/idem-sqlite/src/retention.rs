@@ -14,9 +14,7 @@ use idem_core::retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, Demotion, DueRecord, RetentionStore, ScanCursor,
     StaleRecord, Tier, TierUsage,
 };
-use idem_core::{
-    Fingerprint, IdempotencyKey, Millis, OwnerId, RecordState, Scope, StoreError, TenantId,
-};
+use idem_core::{Fingerprint, IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
@@ -260,16 +258,7 @@ impl RetentionStore for SqliteStore {
         .map_err(map_err)?;
         rows.into_iter()
             .map(|(tenant, key, version, owner, lease)| {
-                let bad = |e: idem_core::KeyError| StoreError::Backend(e.to_string());
-                Ok(StaleRecord {
-                    scope: Scope::new(
-                        TenantId::new(tenant).map_err(bad)?,
-                        IdempotencyKey::new(key).map_err(bad)?,
-                    ),
-                    version,
-                    owner: owner.map(OwnerId::new).transpose().map_err(bad)?,
-                    lease_expires_at: lease,
-                })
+                StaleRecord::from_columns(tenant, key, version, owner, lease)
             })
             .collect()
     }
