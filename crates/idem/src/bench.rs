@@ -532,6 +532,15 @@ pub(crate) async fn redis_connection(
 
 const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
+/// Drops a bench's own PostgreSQL schema and everything in it.
+pub(crate) async fn drop_bench_schema(pool: &sqlx::PgPool, schema: &str) -> Result<(), StoreError> {
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .execute(pool)
+        .await
+        .map_err(|e| StoreError::Backend(format!("drop bench schema {schema}: {e}")))?;
+    Ok(())
+}
+
 fn raw(e: sqlx::Error) -> StoreError {
     StoreError::Backend(e.to_string())
 }
@@ -670,11 +679,7 @@ impl Baseline for PgBaseline {
     }
 
     async fn cleanup(&self) -> Result<(), StoreError> {
-        sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
-            .execute(&self.pool)
-            .await
-            .map_err(raw)?;
-        Ok(())
+        drop_bench_schema(&self.pool, &self.schema).await
     }
 }
 

@@ -107,11 +107,7 @@ impl RawLock for PgRaw {
     }
 
     async fn cleanup(&self) -> Result<(), StoreError> {
-        sqlx::query(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
-            .execute(&self.pool)
-            .await
-            .map_err(raw)?;
-        Ok(())
+        crate::bench::drop_bench_schema(&self.pool, &self.schema).await
     }
 }
 

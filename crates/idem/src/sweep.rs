@@ -165,14 +165,10 @@ pub async fn bench(
             s.migrate().await?;
             let s = Arc::new(s);
             let report = run_bench(s.clone(), s.clone(), records, concurrency, batch, duty).await;
-            let dropped = sqlx::raw_sql(&format!(
-                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-                s.schema().unwrap_or_default()
-            ))
-            .execute(s.pool())
-            .await;
+            let dropped =
+                crate::bench::drop_bench_schema(s.pool(), s.schema().unwrap_or_default()).await;
             let report = report?;
-            dropped.map_err(|e| StoreError::Backend(format!("drop bench schema: {e}")))?;
+            dropped?;
             print_bench(&report, json);
             return Ok(ExitCode::SUCCESS);
         }
