@@ -1,11 +1,26 @@
 //! Leases with fencing tokens on SQLite, and the fenced write for resources in the file.
 //!
 //! Owns the `idem_leases`, `idem_lease_tokens`, `idem_lease_events` and `idem_fences`
-//! tables. Every change is one `BEGIN IMMEDIATE` transaction that reads the lease and the
-//! store time once, writes, and records its event, so the evidence commits with the
-//! change. A grant bumps the per-name counter in `idem_lease_tokens`, which nothing
-//! deletes, so tokens never go back (not even when a lease row is deleted by hand).
-//! Expiry is judged by SQLite's clock plus the [`ClockShift`](idem_core::ClockShift).
+//! tables and the triggers on them (migration 4). A grant bumps the per-name counter in
+//! `idem_lease_tokens`, which nothing deletes, so tokens never go back (not even when a
+//! lease row is deleted by hand). Expiry is judged by SQLite's clock plus the
+//! [`ClockShift`](idem_core::ClockShift).
+//!
+//! # One statement per change
+//!
+//! SQLite has one write lock, so what matters is how long a change holds it. The two
+//! changes every lease makes are single statements, with the evidence written by
+//! triggers inside them:
+//! - a grant is one upsert: a new row, or the expired row taken over with a new token
+//!   (one above both the counter and the row's token); the triggers raise the counter
+//!   and record `expired` (for a row taken over) and `acquired`. A live lease makes it
+//!   write nothing, and a plain read reports the holder;
+//! - the holder's release is one insert of its `released` event, made only if the
+//!   caller holds the live lease; a trigger then deletes the lease row.
+//!
+//! Everything else (renew, a release by a non-holder, force-release) is one
+//! `BEGIN IMMEDIATE` transaction that reads the lease and the store time once, writes,
+//! and records its event, so the evidence commits with the change.
 //!
 //! It must not invent lease rules: `idem_core::lease` states them, and
 //! `idem-conformance::lease` checks them.
@@ -137,9 +152,102 @@ fn holds(lease: &Lease, owner: &OwnerId, token: FencingToken, now: Millis) -> bo
     lease.owner == *owner && lease.token == token && lease.is_live(now)
 }
 
+/// Grants tried in a row while the holder keeps changing between a grant that found a
+/// live lease and the read that would report it.
+const GRANT_ATTEMPTS: usize = 8;
+
 impl SqliteStore {
     async fn begin_lease(&self) -> Result<crate::SqliteTx, LeaseError> {
         Ok(self.begin().await?)
+    }
+
+    /// One statement that grants `name` to `owner` unless a live lease holds it: a new
+    /// row, or the expired row taken over with a new token. The token is one above both
+    /// the counter and the row's token; the triggers raise the counter and record
+    /// `expired` (for a row taken over) and `acquired`. `None`: a live lease holds it.
+    async fn grant(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LeaseError> {
+        let _writer = crate::lock(self.writer.as_deref()).await;
+        let row = sqlx::query(
+            "WITH n(now) AS (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1) \
+             INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals) \
+             SELECT ?2, ?3, \
+               MAX(COALESCE((SELECT last_token FROM idem_lease_tokens WHERE name = ?2), 0), \
+                   COALESCE((SELECT token FROM idem_leases WHERE name = ?2), 0)) + 1, \
+               n.now, n.now + ?4, 0 \
+             FROM n WHERE true \
+             ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+               acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, \
+               renewals = 0 \
+             WHERE idem_leases.expires_at <= excluded.acquired_at \
+             RETURNING token, acquired_at, expires_at",
+        )
+        .bind(self.clock.millis())
+        .bind(name.as_str())
+        .bind(owner.as_str())
+        .bind(lease_ms(ttl))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(lerr)?;
+        row.map(|row| {
+            Ok(Lease {
+                name: name.clone(),
+                owner: owner.clone(),
+                token: FencingToken::new(row.try_get("token").map_err(lerr)?),
+                acquired_at: row.try_get("acquired_at").map_err(lerr)?,
+                expires_at: row.try_get("expires_at").map_err(lerr)?,
+                renewals: 0,
+            })
+        })
+        .transpose()
+    }
+
+    /// One statement that records `released` if `owner` holds the live lease with
+    /// `token`; the trigger then deletes the lease. `None`: not the live holder, nothing
+    /// written.
+    async fn release_held(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+    ) -> Result<Option<Release>, LeaseError> {
+        let _writer = crate::lock(self.writer.as_deref()).await;
+        let row = sqlx::query(
+            "INSERT INTO idem_lease_events \
+               (name, kind, at, owner, token, acquired_at, expires_at, renewals) \
+             SELECT l.name, 'released', n.now, l.owner, l.token, l.acquired_at, l.expires_at, \
+               l.renewals \
+             FROM idem_leases l, \
+               (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1 AS now) n \
+             WHERE l.name = ?2 AND l.owner = ?3 AND l.token = ?4 AND l.expires_at > n.now \
+             RETURNING at, acquired_at, expires_at, renewals",
+        )
+        .bind(self.clock.millis())
+        .bind(name.as_str())
+        .bind(owner.as_str())
+        .bind(token.get())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(lerr)?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let renewals: i64 = row.try_get("renewals").map_err(lerr)?;
+        Ok(Some(Release::Released {
+            lease: Lease {
+                name: name.clone(),
+                owner: owner.clone(),
+                token,
+                acquired_at: row.try_get("acquired_at").map_err(lerr)?,
+                expires_at: row.try_get("expires_at").map_err(lerr)?,
+                renewals: u32::try_from(renewals).map_err(|e| bad_row("renewals", e))?,
+            },
+            released_at: row.try_get("at").map_err(lerr)?,
+        }))
     }
 
     /// Runs `write` in a `BEGIN IMMEDIATE` transaction only if `lease.token` passes the
@@ -256,65 +364,25 @@ impl LeaseStore for SqliteStore {
         ttl: Duration,
     ) -> Result<Acquire, LeaseError> {
         check_ttl(ttl)?;
-        // A live holder is answered from a plain read, off SQLite's single write lock:
-        // contenders polling a held lease do not queue behind each other.
-        let mut conn = self.pool.acquire().await.map_err(lerr)?;
-        let snap = snapshot(&mut conn, &self.clock, name).await?;
-        drop(conn);
-        if let Some(holder) = snap.lease.filter(|l| l.is_live(snap.now)) {
-            return Ok(Acquire::Held {
-                holder,
-                now: snap.now,
-            });
+        // A grant is one statement; a live holder makes it write nothing, and a plain read
+        // (off the write lock) reports the holder. Should the holder be gone by then, the
+        // grant is tried again.
+        for _ in 0..GRANT_ATTEMPTS {
+            if let Some(lease) = self.grant(name, owner, ttl).await? {
+                return Ok(Acquire::Granted(lease));
+            }
+            let mut conn = self.pool.acquire().await.map_err(lerr)?;
+            let snap = snapshot(&mut conn, &self.clock, name).await?;
+            if let Some(holder) = snap.lease.filter(|l| l.is_live(snap.now)) {
+                return Ok(Acquire::Held {
+                    holder,
+                    now: snap.now,
+                });
+            }
         }
-
-        let mut tx = self.begin_lease().await?;
-        let snap = snapshot(&mut tx, &self.clock, name).await?;
-        let now = snap.now;
-        // The row's token counts too, in case the counter row was removed by hand.
-        let prior = snap.last_token.map_or(0, FencingToken::get);
-        if let Some(holder) = settle_expired(&mut tx, snap).await? {
-            return Ok(Acquire::Held { holder, now });
-        }
-        let token: i64 = sqlx::query_scalar(
-            "INSERT INTO idem_lease_tokens (name, last_token) VALUES (?, ?) \
-             ON CONFLICT (name) DO UPDATE SET \
-               last_token = MAX(idem_lease_tokens.last_token + 1, excluded.last_token) \
-             RETURNING last_token",
-        )
-        .bind(name.as_str())
-        .bind(prior + 1)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(lerr)?;
-        let lease = Lease {
-            name: name.clone(),
-            owner: owner.clone(),
-            token: FencingToken::new(token),
-            acquired_at: now,
-            expires_at: now.saturating_add(lease_ms(ttl)),
-            renewals: 0,
-        };
-        sqlx::query(
-            "INSERT OR REPLACE INTO idem_leases \
-               (name, owner, token, acquired_at, expires_at, renewals) \
-             VALUES (?, ?, ?, ?, ?, 0)",
-        )
-        .bind(name.as_str())
-        .bind(owner.as_str())
-        .bind(token)
-        .bind(lease.acquired_at)
-        .bind(lease.expires_at)
-        .execute(&mut *tx)
-        .await
-        .map_err(lerr)?;
-        record(
-            &mut tx,
-            &LeaseEvent::of_lease(LeaseEventKind::Acquired, now, &lease),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(Acquire::Granted(lease))
+        Err(LeaseError::Unavailable(format!(
+            "lease {name}: the holder changed under {GRANT_ATTEMPTS} grant attempts in a row"
+        )))
     }
 
     async fn renew(
@@ -365,12 +433,17 @@ impl LeaseStore for SqliteStore {
         owner: &OwnerId,
         token: FencingToken,
     ) -> Result<Release, LeaseError> {
+        if let Some(released) = self.release_held(name, owner, token).await? {
+            return Ok(released);
+        }
+        // Not the live holder (or a race the statement lost): decide again in a
+        // transaction that records the mismatch, or the expiry it notices.
         let mut tx = self.begin_lease().await?;
         let snap = snapshot(&mut tx, &self.clock, name).await?;
         let now = snap.now;
         let answer = match snap.lease {
             Some(lease) if holds(&lease, owner, token, now) => {
-                delete_lease(&mut tx, name).await?;
+                // The `released` event ends the lease (trigger idem_lease_released).
                 record(
                     &mut tx,
                     &LeaseEvent::of_lease(LeaseEventKind::Released, now, &lease),

@@ -12,6 +12,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/0001_records.sql")),
     (2, include_str!("../migrations/0002_leases.sql")),
     (3, include_str!("../migrations/0003_retention.sql")),
+    (4, include_str!("../migrations/0004_lease_triggers.sql")),
 ];
 
 pub(crate) async fn apply(pool: &SqlitePool) -> Result<(), StoreError> {
