@@ -102,8 +102,9 @@ fn lease_from_row(name: &LeaseName, row: &SqliteRow) -> Result<Lease, LeaseError
 async fn record(conn: &mut SqliteConnection, event: &LeaseEvent) -> Result<(), LeaseError> {
     sqlx::query(
         "INSERT INTO idem_lease_events \
-           (name, kind, at, owner, token, acquired_at, expires_at, detail) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+           (name, id, kind, at, owner, token, acquired_at, expires_at, detail) \
+         VALUES (?1, (SELECT COALESCE(MAX(id), 0) + 1 FROM idem_lease_events WHERE name = ?1), \
+           ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )
     .bind(event.name.as_str())
     .bind(event.kind.as_str())
@@ -218,9 +219,10 @@ impl SqliteStore {
         let _writer = crate::lock(self.writer.as_deref()).await;
         let row = sqlx::query(
             "INSERT INTO idem_lease_events \
-               (name, kind, at, owner, token, acquired_at, expires_at, renewals) \
-             SELECT l.name, 'released', n.now, l.owner, l.token, l.acquired_at, l.expires_at, \
-               l.renewals \
+               (name, id, kind, at, owner, token, acquired_at, expires_at, renewals) \
+             SELECT l.name, \
+               (SELECT COALESCE(MAX(id), 0) + 1 FROM idem_lease_events WHERE name = ?2), \
+               'released', n.now, l.owner, l.token, l.acquired_at, l.expires_at, l.renewals \
              FROM idem_leases l, \
                (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1 AS now) n \
              WHERE l.name = ?2 AND l.owner = ?3 AND l.token = ?4 AND l.expires_at > n.now \
