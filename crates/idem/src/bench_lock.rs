@@ -197,8 +197,7 @@ async fn targets(
             )
             .await?;
             store.migrate().await?;
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(32)
+            let pool = crate::bench::pg_bench_pool()
                 .connect(url)
                 .await
                 .map_err(|e| StoreError::Unavailable(e.to_string()))?;
