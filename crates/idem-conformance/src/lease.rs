@@ -734,6 +734,52 @@ pub async fn bad_input_writes_nothing(h: &dyn LeaseHarness) {
     assert_eq!(events(&*store, &name).await.len(), 1);
 }
 
+/// Retention of the evidence: `trim_events` deletes events recorded before a time, at
+/// most `limit` per call, from every name, and nothing else: the live lease, newer
+/// events and the token counter stay.
+pub async fn trim_events_keeps_newer_evidence(h: &dyn LeaseHarness) {
+    let store = h.open().await;
+    let (old, live) = (fresh_name("trim-old"), fresh_name("trim-live"));
+    let first = granted(store.try_acquire(&old, &owner("A"), secs(3)).await.unwrap());
+    store.release(&old, &owner("A"), first.token).await.unwrap();
+    let other = granted(
+        store
+            .try_acquire(&live, &owner("B"), secs(3))
+            .await
+            .unwrap(),
+    );
+    store
+        .release(&live, &owner("B"), other.token)
+        .await
+        .unwrap();
+    h.clock().advance(secs(10));
+    let cutoff = store.show(&old).await.unwrap().now - 5_000;
+    let held = granted(
+        store
+            .try_acquire(&live, &owner("C"), secs(30))
+            .await
+            .unwrap(),
+    );
+
+    // Four events before the cutoff (two per name), one after it.
+    assert_eq!(store.trim_events(cutoff, 3).await.unwrap(), 3);
+    assert_eq!(store.trim_events(cutoff, 100).await.unwrap(), 1);
+    assert_eq!(store.trim_events(cutoff, 100).await.unwrap(), 0);
+    assert!(events(&*store, &old).await.is_empty());
+    let kept = events(&*store, &live).await;
+    assert_eq!(
+        of_kind(&kept, LeaseEventKind::Acquired),
+        vec![who("C", held.token)]
+    );
+    assert_eq!(kept.len(), 1, "{kept:?}");
+
+    // The lease and the counters are not evidence: they stay.
+    assert_eq!(store.show(&live).await.unwrap().holder, Some(held.clone()));
+    let again = granted(store.try_acquire(&old, &owner("D"), secs(3)).await.unwrap());
+    assert!(again.token > first.token, "{again:?} after {first:?}");
+    assert!(held.token > other.token);
+}
+
 /// Expands to one `#[tokio::test]` per lease scenario for a backend. `$open` is an
 /// async expression yielding `Option<impl LeaseHarness>`; `None` skips (see
 /// [`skip_or_fail`](crate::skip_or_fail)).
@@ -752,6 +798,7 @@ macro_rules! lease_tests {
         $crate::lease_tests!(@one $open, lease_force_release_is_recorded, |h| $crate::lease::force_release_is_recorded(h));
         $crate::lease_tests!(@one $open, lease_show_reports_holder, |h| $crate::lease::show_reports_holder(h));
         $crate::lease_tests!(@one $open, lease_bad_input_writes_nothing, |h| $crate::lease::bad_input_writes_nothing(h));
+        $crate::lease_tests!(@one $open, lease_trim_events_keeps_newer_evidence, |h| $crate::lease::trim_events_keeps_newer_evidence(h));
     };
     (@one $open:expr, $name:ident, |$h:ident| $body:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -481,6 +481,12 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// The most recent `limit` events for `name`, oldest first.
     async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError>;
+
+    /// Retention of the evidence: deletes up to `limit` events (of any name) recorded
+    /// before `before` (store clock) and returns how many went. Leases, token counters
+    /// and fences are untouched, so tokens keep rising. The sweeper calls it with the
+    /// policy's `lease_event_window`.
+    async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError>;
 }
 
 #[cfg(test)]

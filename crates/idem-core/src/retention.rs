@@ -161,6 +161,10 @@ pub struct RetentionPolicy {
     /// PROCESSING records whose lease ended more than this long ago are turned
     /// FAILED_RETRYABLE by the stale scan (default 0: as soon as the lease ends).
     pub stale_grace: Duration,
+    /// Lease events (the evidence of who held what) kept this long after they were
+    /// recorded; `None`: forever. Default 90 days, the default dispute window: every
+    /// lease change writes an event, so without a bound the log only grows.
+    pub lease_event_window: Option<Duration>,
 }
 
 impl Default for RetentionPolicy {
@@ -171,6 +175,7 @@ impl Default for RetentionPolicy {
             dispute_window: 90 * DAY,
             archive_window: None,
             stale_grace: Duration::ZERO,
+            lease_event_window: Some(90 * DAY),
         }
     }
 }
@@ -220,10 +225,13 @@ impl RetentionPolicy {
                 return Err(PolicyError::Zero { name });
             }
         }
-        if self.archive_window.is_some_and(|d| d.is_zero()) {
-            return Err(PolicyError::Zero {
-                name: "archive_window",
-            });
+        for (name, window) in [
+            ("archive_window", self.archive_window),
+            ("lease_event_window", self.lease_event_window),
+        ] {
+            if window.is_some_and(|d| d.is_zero()) {
+                return Err(PolicyError::Zero { name });
+            }
         }
         let order = [
             ("retry_window", self.retry_window),

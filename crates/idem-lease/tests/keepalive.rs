@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::{
     Acquire, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName, LeaseStatus,
-    LeaseStore, OwnerId, Release, Renew,
+    LeaseStore, Millis, OwnerId, Release, Renew,
 };
 use idem_lease::{acquire_wait, Acquired, LeaseGuard, LeaseMetrics, LeaseState, LostReason};
 use idem_sqlite::SqliteStore;
@@ -230,6 +230,10 @@ impl LeaseStore for Instrumented {
     }
     async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError> {
         self.inner.events(name, limit).await
+    }
+
+    async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
+        self.inner.trim_events(before, limit).await
     }
 }
 

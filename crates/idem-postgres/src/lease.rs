@@ -946,6 +946,23 @@ impl LeaseStore for PgStore {
             })
             .collect()
     }
+
+    /// One batch through the BRIN index on `at` (migration 7): events are appended in
+    /// time order, so the old ones sit in the table's first blocks.
+    async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
+        let t = self.lease_tables();
+        let done = sqlx::query(&format!(
+            "DELETE FROM {events} WHERE ctid = ANY (ARRAY( \
+               SELECT ctid FROM {events} WHERE at < $1 LIMIT $2))",
+            events = t.events,
+        ))
+        .bind(before)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await
+        .map_err(lerr("lease event trim"))?;
+        Ok(done.rows_affected())
+    }
 }
 
 #[cfg(test)]

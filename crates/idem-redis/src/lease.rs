@@ -404,6 +404,61 @@ impl LeaseStore for RedisStore {
         )?;
         raw.iter().map(|e| parse_event(name, e)).collect()
     }
+
+    /// Walks the event lists under this store's prefix (`SCAN`, so one call reads the
+    /// whole keyspace in steps) and drops the old head of each in one script. The lists
+    /// are capped and expire anyway; this bounds them by age as well.
+    async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
+        let pattern = format!("{}:le:*", glob_escape(self.prefix()));
+        let mut conn = self.conn().await;
+        let mut cursor: u64 = 0;
+        let mut trimmed: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = self.check(
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await,
+            )?;
+            for key in keys {
+                let left = limit.saturating_sub(usize::try_from(trimmed).unwrap_or(usize::MAX));
+                if left == 0 {
+                    return Ok(trimmed);
+                }
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(TRIM.get_hash())
+                    .arg(1)
+                    .arg(&key)
+                    .arg(before)
+                    .arg(left);
+                let n = num(&self.eval(&TRIM, &cmd).await?)?;
+                trimmed += u64::try_from(n).unwrap_or(0);
+            }
+            if next == 0 {
+                return Ok(trimmed);
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// Drops an event list's head older than a time (`trim_events`).
+static TRIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/lease_trim.lua")));
+
+/// `s` as a literal in a `SCAN MATCH` pattern.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 #[cfg(test)]

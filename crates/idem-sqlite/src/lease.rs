@@ -545,4 +545,20 @@ impl LeaseStore for SqliteStore {
             })
             .collect()
     }
+
+    /// One batch, found by scanning the log (keyed by name, not time): trimming is a
+    /// background job, and an index on `at` would cost every lease change a write.
+    async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
+        let _writer = crate::lock(self.writer.as_deref()).await;
+        let done = sqlx::query(
+            "DELETE FROM idem_lease_events WHERE (name, id) IN ( \
+               SELECT name, id FROM idem_lease_events WHERE at < ?1 LIMIT ?2)",
+        )
+        .bind(before)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await
+        .map_err(lerr)?;
+        Ok(done.rows_affected())
+    }
 }

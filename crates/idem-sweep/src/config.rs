@@ -7,6 +7,7 @@
 //! | `IDEM_RETENTION_DISPUTE` | `90d` | audit fields kept online, then archived |
 //! | `IDEM_RETENTION_ARCHIVE` | unset (forever) | archive rows kept after archiving |
 //! | `IDEM_RETENTION_STALE_GRACE` | `0s` | extra time past a lease before the stale scan acts |
+//! | `IDEM_RETENTION_LEASE_EVENTS` | `90d` | lease events kept (`forever`: never trimmed) |
 //! | `IDEM_REPLAY_CLIENT_RETRY` | `2m` | callers' longest retry |
 //! | `IDEM_REPLAY_QUEUE_RETENTION` | `24h` | message retention of the transport |
 //! | `IDEM_REPLAY_DEAD_LETTER` | `7d` | latest dead-letter replay / compensation run |
@@ -68,6 +69,14 @@ pub fn from_lookup(
             None => None,
         },
         stale_grace: var(lookup, "IDEM_RETENTION_STALE_GRACE", d.stale_grace)?,
+        lease_event_window: match lookup("IDEM_RETENTION_LEASE_EVENTS").as_deref() {
+            Some("forever") => None,
+            Some(v) => Some(
+                parse_duration(v)
+                    .map_err(|e| format!("IDEM_RETENTION_LEASE_EVENTS: {e} (or `forever`)"))?,
+            ),
+            None => d.lease_event_window,
+        },
     };
     let sources = ReplaySources {
         client_retry: var(lookup, "IDEM_REPLAY_CLIENT_RETRY", s.client_retry)?,
@@ -108,5 +117,30 @@ mod tests {
         assert!(err.contains("dead-letter replay"), "{err}");
         let ok = from_lookup(&|_: &str| None).unwrap();
         assert_eq!(ok.0, RetentionPolicy::default());
+    }
+
+    #[test]
+    fn lease_event_window_from_the_environment() {
+        let with = |v: &'static str| {
+            move |name: &str| (name == "IDEM_RETENTION_LEASE_EVENTS").then(|| v.to_string())
+        };
+        let default = from_lookup(&|_: &str| None).unwrap().0;
+        assert_eq!(
+            default.lease_event_window,
+            Some(Duration::from_secs(90 * 86_400))
+        );
+        let policy = from_lookup(&with("30d")).unwrap().0;
+        assert_eq!(
+            policy.lease_event_window,
+            Some(Duration::from_secs(30 * 86_400))
+        );
+        assert_eq!(
+            from_lookup(&with("forever")).unwrap().0.lease_event_window,
+            None
+        );
+        let zero = from_lookup(&with("0d")).unwrap_err();
+        assert!(zero.contains("lease_event_window"), "{zero}");
+        let bad = from_lookup(&with("soon")).unwrap_err();
+        assert!(bad.contains("IDEM_RETENTION_LEASE_EVENTS"), "{bad}");
     }
 }

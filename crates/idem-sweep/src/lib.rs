@@ -16,7 +16,10 @@
 //!    application's [`CompensationCheck`]) is skipped;
 //! 4. **pacing**: after each batch the sweep rests in proportion to the batch's work
 //!    ([`Sweeper::with_duty`]), so claims sharing the database keep their latency;
-//! 5. **archive expiry** when the policy has an archive window.
+//! 5. **archive expiry** when the policy has an archive window;
+//! 6. **lease evidence**: with a lease store ([`Sweeper::with_lease`]) and a
+//!    `lease_event_window` in the policy, lease events older than the window are
+//!    deleted in batches ([`LeaseStore::trim_events`]), judged by the store clock.
 //!
 //! Safety: every write is a compare-and-set on the record's version (and tier), so two
 //! sweepers without the lease, or a rerun after a crash in the middle of a batch, reach
@@ -26,8 +29,9 @@
 //! passed explicitly to every scan. The stale scan never uses a time ahead of the store
 //! clock: a lease is judged by the store, not by an operator's flag.
 //!
-//! It must not delete an online record except by archiving it, and never touches
-//! business rows.
+//! It must not delete an online record except by archiving it, never touches business
+//! rows, and deletes lease evidence only past the policy's window (never leases,
+//! token counters or fences).
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -119,6 +123,8 @@ pub struct SweepReport {
     pub lost_races: u64,
     pub archive_rows_expired: u64,
     pub archive_partitions_dropped: Vec<String>,
+    /// Lease events older than the policy's `lease_event_window`, deleted.
+    pub lease_events_trimmed: u64,
     pub batches: u64,
     pub elapsed_ms: u64,
     /// The first stale recoveries (all are in the store's event table).
@@ -142,6 +148,7 @@ impl SweepReport {
             lost_races: 0,
             archive_rows_expired: 0,
             archive_partitions_dropped: Vec::new(),
+            lease_events_trimmed: 0,
             batches: 0,
             elapsed_ms: 0,
             stale_events: Vec::new(),
@@ -473,6 +480,34 @@ impl Sweeper {
                 self.metrics.archive_expired(expired.rows);
             }
         }
+
+        // The lease evidence, judged by the store clock (never a later `--now`): events
+        // are deleted, not moved, so a simulated future must not reach them.
+        let trim = self.policy.lease_event_window.zip(self.lease.as_ref());
+        if let (Some((window, leases)), false) = (trim, dry_run) {
+            progress.phase("lease events");
+            let before = now
+                .min(store_now)
+                .saturating_sub(idem_core::retention::millis(window));
+            loop {
+                self.wait_gate().await;
+                if !lease_ok(report) {
+                    return Ok(());
+                }
+                let worked = Instant::now();
+                let n = leases
+                    .trim_events(before, self.batch)
+                    .await
+                    .map_err(lease_store_error)?;
+                report.lease_events_trimmed += n;
+                report.batches += 1;
+                progress.add(n);
+                if n < self.batch as u64 {
+                    break;
+                }
+                self.between_batches(worked.elapsed()).await;
+            }
+        }
         Ok(())
     }
 
@@ -604,6 +639,16 @@ pub fn demotion(d: &DueRecord, to: Tier) -> Demotion {
         version: rec.version,
         result,
         archive,
+    }
+}
+
+/// A lease store's failure as the sweep's error (same retryable / not retryable split).
+fn lease_store_error(e: idem_core::LeaseError) -> StoreError {
+    match e {
+        idem_core::LeaseError::Unavailable(m) => {
+            StoreError::Unavailable(format!("lease events: {m}"))
+        }
+        other => StoreError::Backend(format!("lease events: {other}")),
     }
 }
 

@@ -121,6 +121,12 @@ pub fn print_human(r: &SweepReport) {
             r.archive_partitions_dropped.join(", ")
         );
     }
+    if r.lease_events_trimmed > 0 {
+        println!(
+            "  lease events past their window deleted: {}",
+            r.lease_events_trimmed
+        );
+    }
     println!(
         "  {} batches in {} ms; {} to the archive",
         r.batches,

@@ -602,6 +602,61 @@ pub async fn archive_expires(env: &Env) {
     assert_eq!(env.retention.archived(&t, &key).await.unwrap(), None);
 }
 
+/// Lease events past the policy's window go, judged by the store clock: a later `--now`
+/// and a dry run delete nothing; the sweeper's own lease and newer events stay.
+pub async fn lease_events_trimmed(env: &Env) {
+    let name = idem_core::LeaseName::new(format!("trim-{}", fresh_tenant())).unwrap();
+    let owner = idem_core::OwnerId::new("worker").unwrap();
+    let lease = match env.leases.try_acquire(&name, &owner, DAY).await.unwrap() {
+        idem_core::Acquire::Granted(l) => l,
+        other => panic!("not granted: {other:?}"),
+    };
+    env.leases
+        .release(&name, &owner, lease.token)
+        .await
+        .unwrap();
+    let policy = RetentionPolicy {
+        lease_event_window: Some(DAY),
+        ..RetentionPolicy::default()
+    };
+    let lm = idem_lease::LeaseMetrics::default();
+    let s = Sweeper::new(env.retention.clone(), policy)
+        .with_batch(1)
+        .with_lease(env.leases.clone(), lm);
+    let now = env.retention.now().await.unwrap();
+    let r = s
+        .run(&SweepOptions {
+            now: Some(now + 400 * DAY_MS),
+            ..SweepOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.lease_events_trimmed, 0, "a later --now trimmed: {r:?}");
+    env.clock.advance(2 * DAY);
+    let r = s
+        .run(&SweepOptions {
+            dry_run: true,
+            ..SweepOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.lease_events_trimmed, 0, "a dry run trimmed: {r:?}");
+    assert_eq!(env.leases.events(&name, 10).await.unwrap().len(), 2);
+    // Batches of one: the loop runs until a batch comes back short. The sweeper's own
+    // lease events from the first run are past the window as well.
+    let r = sweep_with(&s).await;
+    assert!(r.lease_events_trimmed >= 2, "{r:?}");
+    assert!(env.leases.events(&name, 10).await.unwrap().is_empty());
+    let sweeper_lease = idem_core::LeaseName::new(idem_sweep::LEASE_NAME).unwrap();
+    let own = env.leases.events(&sweeper_lease, 10).await.unwrap();
+    assert!(!own.is_empty(), "this run's own lease events are new");
+    assert!(env.leases.show(&name).await.unwrap().last_token >= Some(lease.token));
+}
+
+async fn sweep_with(s: &Sweeper) -> idem_sweep::SweepReport {
+    s.run(&SweepOptions::default()).await.unwrap()
+}
+
 /// A dry run counts and writes nothing.
 pub async fn dry_run_writes_nothing(env: &Env) {
     let now = env.retention.now().await.unwrap();
@@ -783,6 +838,11 @@ macro_rules! retention_tests {
         async fn archive_expires() {
             let Some(env) = $env else { return };
             common::archive_expires(&env).await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn lease_events_trimmed() {
+            let Some(env) = $env else { return };
+            common::lease_events_trimmed(&env).await;
         }
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn dry_run_writes_nothing() {
