@@ -162,8 +162,10 @@ pub struct RetentionPolicy {
     /// FAILED_RETRYABLE by the stale scan (default 0: as soon as the lease ends).
     pub stale_grace: Duration,
     /// Lease events (the evidence of who held what) kept this long after they were
-    /// recorded; `None`: forever. Default 90 days, the default dispute window: every
-    /// lease change writes an event, so without a bound the log only grows.
+    /// recorded; `None`: forever. At least the dispute window (checked by
+    /// [`validate`](Self::validate)), so the evidence lives as long as the audit fields
+    /// of the records it explains; the default is the default dispute window. Every lease
+    /// change writes an event, so without a bound the log only grows.
     pub lease_event_window: Option<Duration>,
 }
 
@@ -231,6 +233,16 @@ impl RetentionPolicy {
         ] {
             if window.is_some_and(|d| d.is_zero()) {
                 return Err(PolicyError::Zero { name });
+            }
+        }
+        if let Some(window) = self.lease_event_window {
+            if window < self.dispute_window {
+                return Err(PolicyError::OutOfOrder {
+                    shorter_name: "dispute_window",
+                    shorter: self.dispute_window,
+                    longer_name: "lease_event_window",
+                    longer: window,
+                });
             }
         }
         let order = [

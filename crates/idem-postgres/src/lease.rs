@@ -947,8 +947,7 @@ impl LeaseStore for PgStore {
             .collect()
     }
 
-    /// One batch through the BRIN index on `at` (migration 7): events are appended in
-    /// time order, so the old ones sit in the table's first blocks.
+    /// One batch through the index on `at` (migration 7).
     async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
         let t = self.lease_tables();
         let done = sqlx::query(&format!(

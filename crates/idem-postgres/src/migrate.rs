@@ -107,13 +107,13 @@ CREATE INDEX idem_records_completed_idx ON idem_records (completed_at)
     },
     Migration {
         version: 7,
-        name: "idem_lease_events_at_brin",
-        // Retention of the evidence (`trim_events`) finds old events by time. Events are
-        // appended in time order, which a BRIN index summarises in a few pages and keeps
-        // at almost no cost per insert, unlike a B-tree written by every lease change.
+        name: "idem_lease_events_at_idx",
+        // Retention of the evidence (`trim_events`) finds old events by time. A B-tree:
+        // a BRIN summary would only widen as trimmed space is reused, until every range
+        // matched. The build blocks event inserts (every lease change) while it reads the
+        // log once: run `idem migrate` when it is quiet on a large log.
         sql: "SET LOCAL lock_timeout = '10s'; \
-              CREATE INDEX IF NOT EXISTS idem_lease_events_at_brin \
-                  ON idem_lease_events USING brin (at);",
+              CREATE INDEX IF NOT EXISTS idem_lease_events_at_idx ON idem_lease_events (at);",
     },
 ];
 

@@ -406,10 +406,12 @@ impl LeaseStore for RedisStore {
     }
 
     /// Walks the event lists under this store's prefix (`SCAN`, so one call reads the
-    /// whole keyspace in steps) and drops the old head of each in one script. The lists
-    /// are capped and expire anyway; this bounds them by age as well.
+    /// whole keyspace in steps, from the start each time) and drops the old head of each
+    /// in one script. The lists are capped and expire anyway; this bounds them by age as
+    /// well. (The sweeper serves the SQL stores; this is for callers of the trait.)
     async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
-        let pattern = format!("{}:le:*", glob_escape(self.prefix()));
+        // `:le:{`: event lists only, not the keys of a store whose prefix extends ours.
+        let pattern = format!("{}:le:{{*", glob_escape(self.prefix()));
         let mut conn = self.conn().await;
         let mut cursor: u64 = 0;
         let mut trimmed: u64 = 0;
@@ -429,6 +431,8 @@ impl LeaseStore for RedisStore {
                 if left == 0 {
                     return Ok(trimmed);
                 }
+                // A list holds at most LEASE_EVENTS_KEPT events.
+                let left = left.min(LEASE_EVENTS_KEPT);
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(TRIM.get_hash())
                     .arg(1)

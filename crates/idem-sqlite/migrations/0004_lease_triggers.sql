@@ -4,8 +4,9 @@
 
 -- The event log, rebuilt clustered by (name, id): one B-tree write per event instead of
 -- the table's and its index's, and no sqlite_sequence write (AUTOINCREMENT). `id` counts
--- per name (the next is one above the name's highest; nothing deletes events, so ids
--- only grow). `renewals`: what a released lease had (Release::Released reports it).
+-- per name: the next is one above the name's highest, so a name's events stay in order
+-- (retention deletes the oldest; a name whose events are all gone starts again at 1).
+-- `renewals`: what a released lease had (Release::Released reports it).
 CREATE TABLE idem_lease_events_v4 (
     name        TEXT    NOT NULL,
     id          INTEGER NOT NULL,

@@ -14,7 +14,8 @@
 //! - a grant is one upsert: a new row, or the expired row taken over with a new token
 //!   (one above both the counter and the row's token); the triggers raise the counter
 //!   and record `expired` (for a row taken over) and `acquired`. A live lease makes it
-//!   write nothing, and a plain read reports the holder;
+//!   write nothing (a contender polling a held lease still takes the write lock for
+//!   that one statement), and a plain read reports the holder;
 //! - the holder's release is one insert of its `released` event, made only if the
 //!   caller holds the live lease; a trigger then deletes the lease row.
 //!
@@ -149,62 +150,57 @@ async fn settle_expired(
     }
 }
 
+/// One statement that grants `name` to `owner` unless a live lease holds it: a new row,
+/// or the expired row taken over with a new token. The token is one above both the
+/// counter and the row's token; the triggers raise the counter and record `expired`
+/// (for a row taken over) and `acquired`. `None`: a live lease holds it, nothing written.
+async fn grant(
+    conn: &mut SqliteConnection,
+    clock: &ClockShift,
+    name: &LeaseName,
+    owner: &OwnerId,
+    ttl: Duration,
+) -> Result<Option<Lease>, LeaseError> {
+    let row = sqlx::query(
+        "WITH n(now) AS (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1) \
+         INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals) \
+         SELECT ?2, ?3, \
+           MAX(COALESCE((SELECT last_token FROM idem_lease_tokens WHERE name = ?2), 0), \
+               COALESCE((SELECT token FROM idem_leases WHERE name = ?2), 0)) + 1, \
+           n.now, n.now + ?4, 0 \
+         FROM n WHERE true \
+         ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+           acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, renewals = 0 \
+         WHERE idem_leases.expires_at <= excluded.acquired_at \
+         RETURNING token, acquired_at, expires_at",
+    )
+    .bind(clock.millis())
+    .bind(name.as_str())
+    .bind(owner.as_str())
+    .bind(lease_ms(ttl))
+    .fetch_optional(conn)
+    .await
+    .map_err(lerr)?;
+    row.map(|row| {
+        Ok(Lease {
+            name: name.clone(),
+            owner: owner.clone(),
+            token: FencingToken::new(row.try_get("token").map_err(lerr)?),
+            acquired_at: row.try_get("acquired_at").map_err(lerr)?,
+            expires_at: row.try_get("expires_at").map_err(lerr)?,
+            renewals: 0,
+        })
+    })
+    .transpose()
+}
+
 fn holds(lease: &Lease, owner: &OwnerId, token: FencingToken, now: Millis) -> bool {
     lease.owner == *owner && lease.token == token && lease.is_live(now)
 }
 
-/// Grants tried in a row while the holder keeps changing between a grant that found a
-/// live lease and the read that would report it.
-const GRANT_ATTEMPTS: usize = 8;
-
 impl SqliteStore {
     async fn begin_lease(&self) -> Result<crate::SqliteTx, LeaseError> {
         Ok(self.begin().await?)
-    }
-
-    /// One statement that grants `name` to `owner` unless a live lease holds it: a new
-    /// row, or the expired row taken over with a new token. The token is one above both
-    /// the counter and the row's token; the triggers raise the counter and record
-    /// `expired` (for a row taken over) and `acquired`. `None`: a live lease holds it.
-    async fn grant(
-        &self,
-        name: &LeaseName,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LeaseError> {
-        let _writer = crate::lock(self.writer.as_deref()).await;
-        let row = sqlx::query(
-            "WITH n(now) AS (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1) \
-             INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals) \
-             SELECT ?2, ?3, \
-               MAX(COALESCE((SELECT last_token FROM idem_lease_tokens WHERE name = ?2), 0), \
-                   COALESCE((SELECT token FROM idem_leases WHERE name = ?2), 0)) + 1, \
-               n.now, n.now + ?4, 0 \
-             FROM n WHERE true \
-             ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
-               acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, \
-               renewals = 0 \
-             WHERE idem_leases.expires_at <= excluded.acquired_at \
-             RETURNING token, acquired_at, expires_at",
-        )
-        .bind(self.clock.millis())
-        .bind(name.as_str())
-        .bind(owner.as_str())
-        .bind(lease_ms(ttl))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(lerr)?;
-        row.map(|row| {
-            Ok(Lease {
-                name: name.clone(),
-                owner: owner.clone(),
-                token: FencingToken::new(row.try_get("token").map_err(lerr)?),
-                acquired_at: row.try_get("acquired_at").map_err(lerr)?,
-                expires_at: row.try_get("expires_at").map_err(lerr)?,
-                renewals: 0,
-            })
-        })
-        .transpose()
     }
 
     /// One statement that records `released` if `owner` holds the live lease with
@@ -366,25 +362,39 @@ impl LeaseStore for SqliteStore {
         ttl: Duration,
     ) -> Result<Acquire, LeaseError> {
         check_ttl(ttl)?;
-        // A grant is one statement; a live holder makes it write nothing, and a plain read
-        // (off the write lock) reports the holder. Should the holder be gone by then, the
-        // grant is tried again.
-        for _ in 0..GRANT_ATTEMPTS {
-            if let Some(lease) = self.grant(name, owner, ttl).await? {
+        // The common case is one statement. A live holder makes it write nothing (it
+        // still takes the write lock for that statement) and a plain read reports the
+        // holder.
+        {
+            let _writer = crate::lock(self.writer.as_deref()).await;
+            let mut conn = self.pool.acquire().await.map_err(lerr)?;
+            if let Some(lease) = grant(&mut conn, &self.clock, name, owner, ttl).await? {
                 return Ok(Acquire::Granted(lease));
             }
-            let mut conn = self.pool.acquire().await.map_err(lerr)?;
-            let snap = snapshot(&mut conn, &self.clock, name).await?;
-            if let Some(holder) = snap.lease.filter(|l| l.is_live(snap.now)) {
-                return Ok(Acquire::Held {
-                    holder,
-                    now: snap.now,
-                });
-            }
         }
-        Err(LeaseError::Unavailable(format!(
-            "lease {name}: the holder changed under {GRANT_ATTEMPTS} grant attempts in a row"
-        )))
+        let mut conn = self.pool.acquire().await.map_err(lerr)?;
+        let snap = snapshot(&mut conn, &self.clock, name).await?;
+        drop(conn);
+        if let Some(holder) = snap.lease.filter(|l| l.is_live(snap.now)) {
+            return Ok(Acquire::Held {
+                holder,
+                now: snap.now,
+            });
+        }
+        // The holder went between the two: decide under the write lock, where the
+        // answer cannot change.
+        let mut tx = self.begin_lease().await?;
+        if let Some(lease) = grant(&mut tx, &self.clock, name, owner, ttl).await? {
+            tx.commit().await?;
+            return Ok(Acquire::Granted(lease));
+        }
+        let snap = snapshot(&mut tx, &self.clock, name).await?;
+        let now = snap.now;
+        let holder = snap
+            .lease
+            .filter(|l| l.is_live(now))
+            .ok_or_else(|| LeaseError::Backend(format!("lease {name}: no grant and no holder")))?;
+        Ok(Acquire::Held { holder, now })
     }
 
     async fn renew(
@@ -546,16 +556,28 @@ impl LeaseStore for SqliteStore {
             .collect()
     }
 
-    /// One batch, found by scanning the log (keyed by name, not time): trimming is a
-    /// background job, and an index on `at` would cost every lease change a write.
+    /// One batch, found by a plain read that scans the log (keyed by name, not time; an
+    /// index on the time would cost every lease change a write) and never holds the
+    /// write lock, then deleted by key under it.
     async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
+        let old: Vec<(String, i64)> =
+            sqlx::query_as("SELECT name, id FROM idem_lease_events WHERE at < ?1 LIMIT ?2")
+                .bind(before)
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(lerr)?;
+        if old.is_empty() {
+            return Ok(0);
+        }
+        let keys = serde_json::to_string(&old)
+            .map_err(|e| LeaseError::Backend(format!("event keys: {e}")))?;
         let _writer = crate::lock(self.writer.as_deref()).await;
         let done = sqlx::query(
             "DELETE FROM idem_lease_events WHERE (name, id) IN ( \
-               SELECT name, id FROM idem_lease_events WHERE at < ?1 LIMIT ?2)",
+               SELECT value ->> 0, value ->> 1 FROM json_each(?1))",
         )
-        .bind(before)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(keys)
         .execute(&self.pool)
         .await
         .map_err(lerr)?;

@@ -7,7 +7,7 @@
 //! | `IDEM_RETENTION_DISPUTE` | `90d` | audit fields kept online, then archived |
 //! | `IDEM_RETENTION_ARCHIVE` | unset (forever) | archive rows kept after archiving |
 //! | `IDEM_RETENTION_STALE_GRACE` | `0s` | extra time past a lease before the stale scan acts |
-//! | `IDEM_RETENTION_LEASE_EVENTS` | `90d` | lease events kept (`forever`: never trimmed) |
+//! | `IDEM_RETENTION_LEASE_EVENTS` | the dispute window | lease events kept, at least the dispute window (`forever`: never trimmed) |
 //! | `IDEM_REPLAY_CLIENT_RETRY` | `2m` | callers' longest retry |
 //! | `IDEM_REPLAY_QUEUE_RETENTION` | `24h` | message retention of the transport |
 //! | `IDEM_REPLAY_DEAD_LETTER` | `7d` | latest dead-letter replay / compensation run |
@@ -75,7 +75,8 @@ pub fn from_lookup(
                 parse_duration(v)
                     .map_err(|e| format!("IDEM_RETENTION_LEASE_EVENTS: {e} (or `forever`)"))?,
             ),
-            None => d.lease_event_window,
+            // Unset: as long as the records' audit fields (the dispute window).
+            None => Some(var(lookup, "IDEM_RETENTION_DISPUTE", d.dispute_window)?),
         },
     };
     let sources = ReplaySources {
@@ -129,10 +130,10 @@ mod tests {
             default.lease_event_window,
             Some(Duration::from_secs(90 * 86_400))
         );
-        let policy = from_lookup(&with("30d")).unwrap().0;
+        let policy = from_lookup(&with("120d")).unwrap().0;
         assert_eq!(
             policy.lease_event_window,
-            Some(Duration::from_secs(30 * 86_400))
+            Some(Duration::from_secs(120 * 86_400))
         );
         assert_eq!(
             from_lookup(&with("forever")).unwrap().0.lease_event_window,
@@ -140,6 +141,17 @@ mod tests {
         );
         let zero = from_lookup(&with("0d")).unwrap_err();
         assert!(zero.contains("lease_event_window"), "{zero}");
+        let short = from_lookup(&with("30d")).unwrap_err();
+        assert!(short.contains("dispute_window"), "{short}");
+        let longer_dispute = |name: &str| match name {
+            "IDEM_RETENTION_DISPUTE" => Some("365d".to_string()),
+            _ => None,
+        };
+        assert_eq!(
+            from_lookup(&longer_dispute).unwrap().0.lease_event_window,
+            Some(Duration::from_secs(365 * 86_400)),
+            "unset follows the dispute window"
+        );
         let bad = from_lookup(&with("soon")).unwrap_err();
         assert!(bad.contains("IDEM_RETENTION_LEASE_EVENTS"), "{bad}");
     }

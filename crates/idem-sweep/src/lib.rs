@@ -123,7 +123,8 @@ pub struct SweepReport {
     pub lost_races: u64,
     pub archive_rows_expired: u64,
     pub archive_partitions_dropped: Vec<String>,
-    /// Lease events older than the policy's `lease_event_window`, deleted.
+    /// Lease events older than the policy's `lease_event_window`, deleted (a dry run
+    /// neither deletes nor counts them).
     pub lease_events_trimmed: u64,
     pub batches: u64,
     pub elapsed_ms: u64,

@@ -3,7 +3,10 @@
 -- KEYS[1] event list   ARGV[1] before (store ms)   ARGV[2] most to drop
 -- Reply: how many were dropped.
 local before, most = tonumber(ARGV[1]), tonumber(ARGV[2])
-local head = redis.call('LRANGE', KEYS[1], 0, most - 1)
+local ok, head = pcall(redis.call, 'LRANGE', KEYS[1], 0, most - 1)
+if not ok then
+  return 0 -- not a list: not an event log of this store
+end
 local n = 0
 for _, raw in ipairs(head) do
   local ok, event = pcall(cjson.decode, raw)
