@@ -886,8 +886,8 @@ impl LeaseStore for PgStore {
             .await?;
         // The counter can be ahead of every grant (a one-statement grant that lost its
         // race keeps its bump: a gap, never a repeat). The highest token granted is in
-        // the evidence; the counter stands in only when there is none (events removed by
-        // hand).
+        // the evidence; the counter stands in only when there is none (events trimmed
+        // past the retention window, or removed by hand).
         let granted: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT max(token) FROM {events} WHERE name = $1 AND kind = $2",
             events = t.events,

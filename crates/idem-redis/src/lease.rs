@@ -414,7 +414,7 @@ impl LeaseStore for RedisStore {
         let pattern = format!("{}:le:{{*", glob_escape(self.prefix()));
         let mut conn = self.conn().await;
         let mut cursor: u64 = 0;
-        let mut trimmed: u64 = 0;
+        let mut left = limit;
         loop {
             let (next, keys): (u64, Vec<String>) = self.check(
                 redis::cmd("SCAN")
@@ -427,23 +427,21 @@ impl LeaseStore for RedisStore {
                     .await,
             )?;
             for key in keys {
-                let left = limit.saturating_sub(usize::try_from(trimmed).unwrap_or(usize::MAX));
                 if left == 0 {
-                    return Ok(trimmed);
+                    break;
                 }
                 // A list holds at most LEASE_EVENTS_KEPT events.
-                let left = left.min(LEASE_EVENTS_KEPT);
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(TRIM.get_hash())
                     .arg(1)
                     .arg(&key)
                     .arg(before)
-                    .arg(left);
+                    .arg(left.min(LEASE_EVENTS_KEPT));
                 let n = num(&self.eval(&TRIM, &cmd).await?)?;
-                trimmed += u64::try_from(n).unwrap_or(0);
+                left = left.saturating_sub(usize::try_from(n).unwrap_or(0));
             }
-            if next == 0 {
-                return Ok(trimmed);
+            if next == 0 || left == 0 {
+                return Ok((limit - left) as u64);
             }
             cursor = next;
         }

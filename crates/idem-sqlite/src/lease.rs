@@ -39,7 +39,19 @@ use idem_core::{
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
-use crate::{lease_ms, map_err, now_on, SqliteStore, NOW};
+use crate::{lease_ms, map_err, now_on, now_sql, SqliteStore, NOW};
+
+/// The id of a new event of the name bound at `$name`: one above the name's highest
+/// (the log is keyed by (name, id); the migration-4 triggers spell the same rule).
+macro_rules! next_event_id {
+    ($name:literal) => {
+        concat!(
+            "(SELECT COALESCE(MAX(id), 0) + 1 FROM idem_lease_events WHERE name = ",
+            $name,
+            ")"
+        )
+    };
+}
 
 /// The future a fenced write's closure returns; it borrows the transaction's connection.
 pub type FencedWriteFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
@@ -101,12 +113,13 @@ fn lease_from_row(name: &LeaseName, row: &SqliteRow) -> Result<Lease, LeaseError
 }
 
 async fn record(conn: &mut SqliteConnection, event: &LeaseEvent) -> Result<(), LeaseError> {
-    sqlx::query(
+    sqlx::query(concat!(
         "INSERT INTO idem_lease_events \
            (name, id, kind, at, owner, token, acquired_at, expires_at, detail) \
-         VALUES (?1, (SELECT COALESCE(MAX(id), 0) + 1 FROM idem_lease_events WHERE name = ?1), \
-           ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )
+         VALUES (?1, ",
+        next_event_id!("?1"),
+        ", ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    ))
     .bind(event.name.as_str())
     .bind(event.kind.as_str())
     .bind(event.at)
@@ -161,8 +174,10 @@ async fn grant(
     owner: &OwnerId,
     ttl: Duration,
 ) -> Result<Option<Lease>, LeaseError> {
-    let row = sqlx::query(
-        "WITH n(now) AS (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1) \
+    let row = sqlx::query(concat!(
+        "WITH n(now) AS (SELECT ",
+        now_sql!("?1"),
+        ") \
          INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals) \
          SELECT ?2, ?3, \
            MAX(COALESCE((SELECT last_token FROM idem_lease_tokens WHERE name = ?2), 0), \
@@ -172,8 +187,8 @@ async fn grant(
          ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, renewals = 0 \
          WHERE idem_leases.expires_at <= excluded.acquired_at \
-         RETURNING token, acquired_at, expires_at",
-    )
+         RETURNING token, acquired_at, expires_at"
+    ))
     .bind(clock.millis())
     .bind(name.as_str())
     .bind(owner.as_str())
@@ -213,17 +228,18 @@ impl SqliteStore {
         token: FencingToken,
     ) -> Result<Option<Release>, LeaseError> {
         let _writer = crate::lock(self.writer.as_deref()).await;
-        let row = sqlx::query(
+        let row = sqlx::query(concat!(
             "INSERT INTO idem_lease_events \
                (name, id, kind, at, owner, token, acquired_at, expires_at, renewals) \
-             SELECT l.name, \
-               (SELECT COALESCE(MAX(id), 0) + 1 FROM idem_lease_events WHERE name = ?2), \
-               'released', n.now, l.owner, l.token, l.acquired_at, l.expires_at, l.renewals \
-             FROM idem_leases l, \
-               (SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?1 AS now) n \
+             SELECT l.name, ",
+            next_event_id!("?2"),
+            ", 'released', n.now, l.owner, l.token, l.acquired_at, l.expires_at, l.renewals \
+             FROM idem_leases l, (SELECT ",
+            now_sql!("?1"),
+            " AS now) n \
              WHERE l.name = ?2 AND l.owner = ?3 AND l.token = ?4 AND l.expires_at > n.now \
-             RETURNING at, acquired_at, expires_at, renewals",
-        )
+             RETURNING at, acquired_at, expires_at, renewals"
+        ))
         .bind(self.clock.millis())
         .bind(name.as_str())
         .bind(owner.as_str())

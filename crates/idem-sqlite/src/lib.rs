@@ -38,8 +38,21 @@ pub use migrate::MIGRATIONS;
 /// The default database file, relative to the working directory.
 pub const DEFAULT_PATH: &str = "./idem-data/idem.db";
 
+/// The store clock in epoch milliseconds, shifted by the bound parameter `$shift` (`?`,
+/// or a numbered `?N` in statements that name their parameters), as an SQL literal.
+macro_rules! now_sql {
+    ($shift:literal) => {
+        concat!(
+            "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + ",
+            $shift,
+            ")"
+        )
+    };
+}
+pub(crate) use now_sql;
+
 /// The store clock in epoch milliseconds, shifted by a bound parameter.
-const NOW: &str = "(CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?)";
+const NOW: &str = now_sql!("?");
 
 /// How to open the embedded store.
 #[derive(Debug, Clone)]
