@@ -33,19 +33,19 @@
 //!
 //! # Tokens
 //!
-//! `token = max(counter + 1, token of the lease hash + 1, store time in microseconds)`,
-//! written back to the counter in the same script. While the counter key exists tokens
-//! strictly increase whatever the clock does. When the counter key is lost (an
-//! unreplicated failover, a restart without persistence, garbage collection of an idle
-//! name) the time floor still gives a higher token than any granted before, **provided
-//! the clock of the server granting now (plus the shift) is ahead of the clock that
-//! granted the lost tokens**: a promoted replica whose clock is behind the old primary's
-//! by more than the failover took, or a clock stepped back while the counter is gone,
-//! can hand out a token again. Grants on one name are at least a script apart, so the
-//! counter runs ahead of the microsecond clock only by the grants made within the same
-//! microsecond. Tokens are therefore large numbers (about 1.7 × 10^15 today), still
-//! exact in Lua's doubles (below 2^53) and in `i64`. Do not fence one resource with
-//! tokens from two lease stores: their tokens are not comparable.
+//! `token = max(token of the state + 1, store time in microseconds)`. The state key of a
+//! name outlives its lease (a release or an expiry marks it ended and keeps its token),
+//! so while it exists tokens strictly increase whatever the clock does. When it is lost
+//! (an unreplicated failover, a restart without persistence, garbage collection of an
+//! idle name) the time floor still gives a higher token than any granted before,
+//! **provided the clock of the server granting now (plus the shift) is ahead of the clock
+//! that granted the lost tokens**: a promoted replica whose clock is behind the old
+//! primary's by more than the failover took, or a clock stepped back while the state is
+//! gone, can hand out a token again. Grants on one name are at least a script apart, so
+//! the tokens run ahead of the microsecond clock only by the grants made within the same
+//! microsecond. Tokens are therefore large numbers (about 1.7 × 10^15 today), still exact
+//! in Lua's doubles (below 2^53) and in `i64`. Do not fence one resource with tokens from
+//! two lease stores: their tokens are not comparable.
 //!
 //! # Layout
 //!
@@ -54,16 +54,26 @@
 //! touches one Redis Cluster slot:
 //!
 //! ```text
-//! <prefix>:l:{enc(n)}    hash: owner, token, acquired_at, expires_at, renewals
-//! <prefix>:lt:{enc(n)}   string: the last token granted
+//! <prefix>:ls:{enc(n)}   string: "<token> <acquired_at> <expires_at> <renewals> <L|E> <owner>"
 //! <prefix>:le:{enc(n)}   list: events as JSON objects, oldest first, the last 1000 kept
 //! ```
 //!
+//! `L`: granted (live until `expires_at` by the store clock); `E`: ended (released,
+//! recorded as expired, or force-released). One string per name keeps a lease change to
+//! one `GET` and one `SET` besides the event: every command a Lua script calls costs
+//! several times its plain cost on Redis 7, so the layout is as small as the rules allow.
+//!
 //! Expiry is judged in the scripts against the store clock, so an expired lease is still
 //! there to be recorded as `expired` when the store next touches the name. `PEXPIRE` is
-//! only garbage collection: the lease hash goes `retention` (of [`RedisOptions`]) after
-//! its deadline; the counter and the events live at least as long and `retention` after
-//! their last change.
+//! only garbage collection: the state goes `retention` (of [`RedisOptions`]) after its
+//! lease's deadline or end; the events live `retention` after the last one and never
+//! less than the state.
+//!
+//! Names last written by an older idem (a hash `<prefix>:l:{enc(n)}` and a counter
+//! `<prefix>:lt:{enc(n)}`) are read from those keys while there is no state, and moved
+//! into the state by the next change, so a lease held across an upgrade is honoured and
+//! tokens keep rising. Upgrade every process sharing a prefix together: an older process
+//! does not see leases granted by a newer one.
 //!
 //! [`RedisOptions`]: crate::RedisOptions
 
@@ -113,21 +123,24 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// The Redis keys of one lease name (see the module docs, *Layout*).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseKeys {
-    /// The lease hash.
-    pub lease: String,
-    /// The token counter.
-    pub counter: String,
+    /// The lease state: the current or last lease, whose token is the name's counter.
+    pub state: String,
     /// The event list.
     pub events: String,
+    /// The lease hash an older idem wrote; read when there is no state.
+    pub legacy_lease: String,
+    /// The token counter an older idem wrote; read when there is no state.
+    pub legacy_counter: String,
 }
 
 /// The keys of lease `name` under `prefix`; they share the hash tag `{enc(name)}`.
 pub fn lease_keys(prefix: &str, name: &LeaseName) -> LeaseKeys {
     let tag = encode_component(name.as_str());
     LeaseKeys {
-        lease: format!("{prefix}:l:{{{tag}}}"),
-        counter: format!("{prefix}:lt:{{{tag}}}"),
+        state: format!("{prefix}:ls:{{{tag}}}"),
         events: format!("{prefix}:le:{{{tag}}}"),
+        legacy_lease: format!("{prefix}:l:{{{tag}}}"),
+        legacy_counter: format!("{prefix}:lt:{{{tag}}}"),
     }
 }
 
@@ -229,10 +242,11 @@ impl RedisStore {
         let keys = self.lease_keys(name);
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash())
-            .arg(3)
-            .arg(keys.lease)
-            .arg(keys.counter)
+            .arg(4)
+            .arg(keys.state)
             .arg(keys.events)
+            .arg(keys.legacy_lease)
+            .arg(keys.legacy_counter)
             .arg(self.shift())
             .arg(self.retention_ms())
             .arg(LEASE_EVENTS_KEPT);
@@ -278,11 +292,11 @@ impl RedisStore {
 /// [`RedisStore::record_fence_rejection`]).
 ///
 /// Redis keeps one live lease per name (one Lua script per operation), judges expiry by
-/// its own clock (`TIME` + shift), and issues tokens `max(counter + 1, lease token + 1,
-/// store clock in µs)`, written back to the counter. Tokens keep rising when the counter
-/// is lost (unreplicated failover, restart without persistence) as long as the granting
-/// server's clock is not behind the clock that granted before; a clock stepped back
-/// while the counter is gone can repeat a token. The lease itself can be lost the same
+/// its own clock (`TIME` + shift), and issues tokens `max(last token + 1, store clock in
+/// µs)`, the last token kept in the name's state after the lease ends. Tokens keep rising
+/// when the state is lost (unreplicated failover, restart without persistence) as long
+/// as the granting server's clock is not behind the clock that granted before; a clock
+/// stepped back while the state is gone can repeat a token. The lease itself can be lost the same
 /// ways: then a second holder is granted, and only the fence stops the first one's late
 /// write. Keys and limits in full: `crates/idem-redis/src/lease.rs`.
 #[async_trait]
@@ -482,16 +496,22 @@ mod tests {
                 assert_eq!(close, k.len() - 1, "{k}: the tag ends the key");
                 k[open + 1..close].to_string()
             };
-            assert_eq!(tag(&keys.lease), encode_component(n));
-            assert_eq!(tag(&keys.counter), encode_component(n));
-            assert_eq!(tag(&keys.events), encode_component(n));
+            for key in [
+                &keys.state,
+                &keys.events,
+                &keys.legacy_lease,
+                &keys.legacy_counter,
+            ] {
+                assert_eq!(tag(key), encode_component(n));
+            }
         }
         assert_eq!(
             lease_keys("p", &name("a:b")),
             LeaseKeys {
-                lease: "p:l:{a%3Ab}".into(),
-                counter: "p:lt:{a%3Ab}".into(),
+                state: "p:ls:{a%3Ab}".into(),
                 events: "p:le:{a%3Ab}".into(),
+                legacy_lease: "p:l:{a%3Ab}".into(),
+                legacy_counter: "p:lt:{a%3Ab}".into(),
             }
         );
     }

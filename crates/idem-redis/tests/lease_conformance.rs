@@ -17,7 +17,7 @@ use idem_conformance::lease::{fresh_name, LeaseHarness};
 use idem_core::lease::holder_detail;
 use idem_core::{
     Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEventKind, LeaseName, LeaseStore,
-    OwnerId, Release,
+    OwnerId, Release, Renew,
 };
 use idem_redis::{lease_keys, RedisStore};
 use idem_sqlite::{SqliteOptions, SqliteStore};
@@ -78,9 +78,9 @@ impl LeaseHarness for RedisLeaseHarness {
     }
 
     async fn lose_lease(&self, name: &LeaseName) {
-        // As after an unreplicated failover: the lease and the token counter are gone.
+        // As after an unreplicated failover: the lease state (and its token) is gone.
         let keys = lease_keys(&self.redis.prefix, name);
-        self.del(&[&keys.lease, &keys.counter]).await;
+        self.del(&[&keys.state]).await;
     }
 
     async fn fenced_write(
@@ -163,7 +163,7 @@ async fn tokens_rise_after_every_key_is_lost() {
             .unwrap(),
     );
     let keys = store.lease_keys(&name);
-    h.del(&[&keys.lease, &keys.counter, &keys.events]).await;
+    h.del(&[&keys.state, &keys.events]).await;
     assert_eq!(store.show(&name).await.unwrap().last_token, None);
     let b = granted(
         store
@@ -176,28 +176,114 @@ async fn tokens_rise_after_every_key_is_lost() {
     assert!(b.token.get() >= b.acquired_at * 1000, "{b:?}");
 }
 
-/// The counter alone is lost, the lease hash survives: the hash's token still counts.
+/// A name written by an older idem (a lease hash and a token counter) is honoured: its
+/// live lease holds, its holder can renew and release it, and the next token is above
+/// the old ones; the first change moves it into the state.
 #[tokio::test]
-async fn counter_lost_lease_kept() {
+async fn legacy_layout_is_read_and_moved() {
     let Some(h) = harness().await else { return };
     let store = h.side().await;
-    let name = fresh_name("counter-lost");
-    let a = granted(
+    let name = fresh_name("legacy");
+    let keys = store.lease_keys(&name);
+    let now = store.show(&name).await.unwrap().now;
+    // Tokens of the old layout were store microseconds too: one far ahead of the clock
+    // shows the new grant rises from the old counter, not from the time floor.
+    let old_token: i64 = (now + 3_600_000) * 1000;
+    let mut admin = h.redis.admin().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys.legacy_lease)
+        .arg("owner")
+        .arg("A")
+        .arg("token")
+        .arg(old_token)
+        .arg("acquired_at")
+        .arg(now)
+        .arg("expires_at")
+        .arg(now + 30_000)
+        .arg("renewals")
+        .arg(0)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&keys.legacy_counter)
+        .arg(old_token)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+
+    let status = store.show(&name).await.unwrap();
+    assert_eq!(status.last_token, Some(FencingToken::new(old_token)));
+    let holder = status.holder.expect("the old lease holds");
+    assert_eq!(
+        (holder.owner.as_str(), holder.token.get()),
+        ("A", old_token)
+    );
+    match store
+        .try_acquire(&name, &owner("B"), Duration::from_secs(3))
+        .await
+        .unwrap()
+    {
+        Acquire::Held { holder, .. } => assert_eq!(holder.token.get(), old_token),
+        other => panic!("a live legacy lease must hold: {other:?}"),
+    }
+    let renewed = store
+        .renew(&name, &owner("A"), holder.token, Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(
+        matches!(renewed, Renew::Renewed(ref l) if l.renewals == 1),
+        "{renewed:?}"
+    );
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&keys.legacy_lease)
+        .arg(&keys.legacy_counter)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "the renewal moved the name into the state");
+    assert!(matches!(
         store
-            .try_acquire(&name, &owner("A"), Duration::from_secs(3))
+            .release(&name, &owner("A"), holder.token)
             .await
             .unwrap(),
-    );
-    h.del(&[&store.lease_keys(&name).counter]).await;
-    assert_eq!(store.show(&name).await.unwrap().last_token, Some(a.token));
-    h.redis.clock.advance(Duration::from_millis(3001));
+        Release::Released { .. }
+    ));
     let b = granted(
         store
             .try_acquire(&name, &owner("B"), Duration::from_secs(3))
             .await
             .unwrap(),
     );
-    assert!(b.token > a.token);
+    assert_eq!(b.token.get(), old_token + 1);
+}
+
+/// Only the old counter is left (its lease was released): the next token is above it.
+#[tokio::test]
+async fn legacy_counter_alone_still_counts() {
+    let Some(h) = harness().await else { return };
+    let store = h.side().await;
+    let name = fresh_name("legacy-counter");
+    let keys = store.lease_keys(&name);
+    let now = store.show(&name).await.unwrap().now;
+    let old_token: i64 = (now + 3_600_000) * 1000;
+    let mut admin = h.redis.admin().await;
+    let _: () = redis::cmd("SET")
+        .arg(&keys.legacy_counter)
+        .arg(old_token)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let status = store.show(&name).await.unwrap();
+    assert_eq!(status.last_token, Some(FencingToken::new(old_token)));
+    assert!(status.holder.is_none());
+    let a = granted(
+        store
+            .try_acquire(&name, &owner("A"), Duration::from_secs(3))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(a.token.get(), old_token + 1);
 }
 
 /// The script spells the holder detail exactly as `idem_core::lease::holder_detail`.
@@ -244,8 +330,8 @@ async fn holder_detail_matches_core() {
 }
 
 /// Layout: the keys of one name share a hash tag; `PEXPIRE` is garbage collection only
-/// (the lease hash outlives its deadline by the grace period, so an expiry can still be
-/// recorded); the event list is capped.
+/// (the state outlives its lease's deadline by the grace period, so an expiry can still
+/// be recorded, and keeps the token after a release); the event list is capped.
 #[tokio::test]
 async fn keys_expire_only_after_the_grace_period() {
     let Some(h) = harness().await else { return };
@@ -258,17 +344,33 @@ async fn keys_expire_only_after_the_grace_period() {
             .unwrap(),
     );
     let keys = store.lease_keys(&name);
-    let mut admin = h.redis.admin().await;
+    let admin = h.redis.admin().await;
     let grace = h.redis.retention.as_millis() as i64;
-    for key in [&keys.lease, &keys.counter, &keys.events] {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
+    let pttl = |key: String| {
+        let mut admin = admin.clone();
+        async move {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            ttl
+        }
+    };
+    for key in [&keys.state, &keys.events] {
+        let ttl = pttl(key.clone()).await;
         assert!(ttl > grace && ttl <= grace + 3000, "{key}: {ttl}");
     }
-    let tags: Vec<_> = [&keys.lease, &keys.counter, &keys.events]
+    let a = store.show(&name).await.unwrap().holder.expect("held");
+    store.release(&name, &owner("A"), a.token).await.unwrap();
+    for key in [&keys.state, &keys.events] {
+        let ttl = pttl(key.clone()).await;
+        assert!(
+            ttl > grace - 3000 && ttl <= grace,
+            "{key} after release: {ttl}"
+        );
+    }
+    let tags: Vec<_> = [&keys.state, &keys.events]
         .iter()
         .map(|k| k[k.find('{').unwrap()..].to_string())
         .collect();

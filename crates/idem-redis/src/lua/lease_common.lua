@@ -1,104 +1,131 @@
 -- idem leases: the part every lease_*.lua script starts with (prepended in Rust).
--- KEYS[1] lease hash   KEYS[2] token counter   KEYS[3] event list (one hash tag)
+-- KEYS[1] lease state   KEYS[2] event list   KEYS[3] legacy lease hash
+-- KEYS[4] legacy token counter (all four share one hash tag)
 -- ARGV[1] clock shift (ms)   ARGV[2] grace (ms)   ARGV[3] events kept
--- Lease hash fields: owner, token, acquired_at, expires_at, renewals (decimal strings).
+-- The state string: "<token> <acquired_at> <expires_at> <renewals> <L|E> <owner>".
+-- L: granted, live until expires_at by the store clock (after that, expired but not yet
+-- recorded); E: ended (released, recorded as expired, or force-released). The key
+-- outlives the lease, so its token is the name's counter.
 -- Numbers stay below 2^53, exact in Lua's doubles; they are written with '%d' (never
--- tostring, which rounds to 14 digits) and tokens are compared as strings.
-local lease_k, counter_k, events_k = KEYS[1], KEYS[2], KEYS[3]
+-- tostring, which rounds to 14 digits) and tokens are compared as strings. Arguments to
+-- redis.call are strings: Redis formats a Lua number with a slow '%.17g'.
+local state_k, events_k = KEYS[1], KEYS[2]
 local function int(n) return string.format('%d', n) end
-if redis.replicate_commands then redis.replicate_commands() end -- Redis < 5
 local clock = redis.call('TIME')
 local shift = tonumber(ARGV[1])
 -- Store time: the Redis server's clock plus the shift, never the caller's clock.
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000) + shift
-local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) + shift * 1000
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000) + shift
+local now_us = clock[1] * 1000000 + clock[2] + shift * 1000
 local grace = tonumber(ARGV[2])
 local kept = tonumber(ARGV[3])
--- How long the event list must live after this script; applied once, in flush().
-local events_ttl = 0
+local keep_from = '-' .. ARGV[3]
+-- Legacy keys read into the state; deleted when the state is next written.
+local legacy = false
+-- Set by push(): the event list's expiry is extended once, in reply().
+local pushed = false
 
--- The lease hash (live or expired), or nil.
+-- The lease state (live, expired or ended), or nil. A name last written by an older
+-- idem (a hash and a counter) is read from those keys.
 local function load()
-  local f = redis.call('HMGET', lease_k, 'owner', 'token', 'acquired_at', 'expires_at', 'renewals')
-  if not f[1] then return nil end
-  if not (f[2] and f[3] and f[4] and f[5]) then
-    error('IDEMCORRUPT lease ' .. lease_k .. ' is missing fields')
+  local v = redis.call('GET', state_k)
+  if v then
+    local tok, acq, exp, ren, st, own =
+      string.match(v, '^(%d+) (%d+) (%d+) (%d+) ([LE]) (%S+)$')
+    if not tok then error('IDEMCORRUPT lease state ' .. state_k) end
+    return {token = tok, acquired_at = tonumber(acq), expires_at = tonumber(exp),
+            renewals = tonumber(ren), granted = st == 'L', owner = own}
   end
-  return {owner = f[1], token = f[2], acquired_at = tonumber(f[3]),
-          expires_at = tonumber(f[4]), renewals = tonumber(f[5])}
-end
-
--- Sets a key's expiry to `ms` unless it already lives longer (garbage collection only).
-local function keep(k, ms)
-  if redis.call('PTTL', k) < ms then redis.call('PEXPIRE', k, ms) end
-end
-
--- Appends an event as a JSON object: about `lease` (owner, token, times) or about a
--- caller presenting `owner` and `token`. The list keeps the last `kept` events.
-local function push(kind, lease, owner, token, detail)
-  local parts = {'"kind":' .. cjson.encode(kind), '"at":' .. int(now)}
-  if lease then owner = lease.owner; token = lease.token end
-  if owner then parts[#parts + 1] = '"owner":' .. cjson.encode(owner) end
-  if token then parts[#parts + 1] = '"token":' .. token end
-  if lease then
-    parts[#parts + 1] = '"acquired_at":' .. int(lease.acquired_at)
-    parts[#parts + 1] = '"expires_at":' .. int(lease.expires_at)
+  local f = redis.call('HMGET', KEYS[3], 'owner', 'token', 'acquired_at', 'expires_at',
+    'renewals')
+  local counter = redis.call('GET', KEYS[4])
+  if f[1] then
+    if not (f[2] and f[3] and f[4] and f[5]) then
+      error('IDEMCORRUPT lease ' .. KEYS[3] .. ' is missing fields')
+    end
+    legacy = true
+    local s = {token = f[2], acquired_at = tonumber(f[3]), expires_at = tonumber(f[4]),
+               renewals = tonumber(f[5]), granted = true, owner = f[1]}
+    -- The hash's token is the last grant; a counter ahead of it (never seen) still counts
+    -- once the lease ends.
+    s.floor = counter and tonumber(counter) or 0
+    return s
   end
-  if detail then parts[#parts + 1] = '"detail":' .. cjson.encode(detail) end
-  local n = redis.call('RPUSH', events_k, '{' .. table.concat(parts, ',') .. '}')
-  if n > kept then redis.call('LTRIM', events_k, -kept, -1) end
-  if grace > events_ttl then events_ttl = grace end
+  if counter then
+    legacy = true
+    return {token = counter, acquired_at = 0, expires_at = 0, renewals = 0,
+            granted = false, owner = '-'}
+  end
+  return nil
 end
 
--- Extends the event list's expiry to what this script needs (once per script).
-local function flush()
-  if events_ttl > 0 then keep(events_k, events_ttl) end
-  events_ttl = 0
+-- Writes the state; it is collected `grace` after the lease's deadline (or after it ended).
+local function save(s)
+  local ms = grace
+  if s.granted then ms = s.expires_at - now + grace end
+  redis.call('SET', state_k, s.token .. ' ' .. int(s.acquired_at) .. ' ' .. int(s.expires_at)
+    .. ' ' .. int(s.renewals) .. (s.granted and ' L ' or ' E ') .. s.owner, 'PX', int(ms))
+  if legacy then
+    redis.call('DEL', KEYS[3], KEYS[4])
+    legacy = false
+  end
 end
 
--- The live lease; an expired one is recorded as 'expired' and deleted (recorded once).
-local function settle(lease)
-  if lease and lease.expires_at <= now then
-    push('expired', lease)
-    redis.call('DEL', lease_k)
+-- JSON string of an owner (visible ASCII): escaped only when it holds '"' or '\'.
+local function quoted(s)
+  if string.find(s, '["\\]') then return cjson.encode(s) end
+  return '"' .. s .. '"'
+end
+
+-- Appends an event as a JSON object: about lease state `s` (owner, token, times) or about
+-- a caller presenting `owner` and `token`. The list keeps the last `kept` events.
+local function push(kind, s, owner, token, detail)
+  local e = '{"kind":"' .. kind .. '","at":' .. int(now)
+  if s then owner = s.owner; token = s.token end
+  if owner then e = e .. ',"owner":' .. quoted(owner) end
+  if token then e = e .. ',"token":' .. token end
+  if s then
+    e = e .. ',"acquired_at":' .. int(s.acquired_at) .. ',"expires_at":' .. int(s.expires_at)
+  end
+  if detail then e = e .. ',"detail":' .. cjson.encode(detail) end
+  local n = redis.call('RPUSH', events_k, e .. '}')
+  if n > kept then redis.call('LTRIM', events_k, keep_from, '-1') end
+  pushed = true
+end
+
+-- The live lease; an expired one is recorded as 'expired' and ended (recorded once).
+local function settle(s)
+  if s and s.granted and s.expires_at <= now then
+    push('expired', s)
+    s.granted = false
+    save(s)
     return nil
   end
-  return lease
+  if s and s.granted then return s end
+  return nil
 end
 
-local function holds(lease, owner, token)
-  return lease and lease.expires_at > now and lease.owner == owner and lease.token == token
+local function holds(s, owner, token)
+  return s and s.granted and s.expires_at > now and s.owner == owner and s.token == token
 end
 
 -- idem_core::lease::holder_detail, spelled the same way.
-local function holder_detail(lease)
-  if lease then
-    return 'held by ' .. lease.owner .. ' with token ' .. lease.token .. ' until '
-      .. int(lease.expires_at)
+local function holder_detail(s)
+  if s then
+    return 'held by ' .. s.owner .. ' with token ' .. s.token .. ' until ' .. int(s.expires_at)
   end
   return 'no live lease'
 end
 
 -- Reply: {code, now} or {code, now, owner, token, acquired_at, expires_at, renewals}.
-local function reply(code, lease)
-  flush()
-  if lease then
-    return {code, now, lease.owner, lease.token, int(lease.acquired_at),
-            int(lease.expires_at), int(lease.renewals)}
+-- The event list lives `grace` after its last event and never less than the state.
+local function reply(code, s)
+  if pushed then
+    local ms = grace
+    if s and s.granted and s.expires_at > now then ms = s.expires_at - now + grace end
+    redis.call('PEXPIRE', events_k, int(ms))
+  end
+  if s then
+    return {code, now, s.owner, s.token, s.acquired_at, s.expires_at, s.renewals}
   end
   return {code, now}
 end
-
--- Writes the lease hash. It is collected `grace` after its deadline; the counter and
--- the events live at least as long (`counter_set`: the caller just wrote the counter
--- with that expiry).
-local function store(lease, counter_set)
-  local ms = lease.expires_at - now + grace
-  redis.call('HSET', lease_k, 'owner', lease.owner, 'token', lease.token,
-    'acquired_at', int(lease.acquired_at), 'expires_at', int(lease.expires_at),
-    'renewals', int(lease.renewals))
-  redis.call('PEXPIRE', lease_k, ms)
-  if not counter_set then keep(counter_k, ms) end
-  if ms > events_ttl then events_ttl = ms end
-end
-

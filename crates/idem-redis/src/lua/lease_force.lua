@@ -3,7 +3,8 @@
 local reason = ARGV[4]
 local current = settle(load())
 if current then
-  redis.call('DEL', lease_k)
+  current.granted = false
+  save(current)
   push('force_released', current, nil, nil, reason)
   return reply(1, current)
 end
