@@ -7,13 +7,19 @@
 //!
 //! # Tables (migration 2, in the store's schema)
 //!
-//! - `idem_lease_tokens(name, last_token)`: the highest token ever granted per name.
-//!   Never deleted and never lowered: a trigger refuses `DELETE`, `TRUNCATE` and any
-//!   `UPDATE` that would lower `last_token`, so tokens do not go back after a release,
-//!   an expiry, a deleted lease row, a restart, or an operator's cleanup by hand.
-//! - `idem_leases(name, owner, token, acquired_at, expires_at, renewals)`: the current
-//!   lease per name. An expired row stays until the store notices it (a later acquire,
-//!   renew, release or force-release), which records `expired` and replaces or removes it.
+//! - `idem_leases(name, owner, token, acquired_at, expires_at, renewals, ended_at)`: the
+//!   current or last lease per name (migration 8). The row outlives its lease: a
+//!   release, a recorded expiry or a force-release sets `ended_at`, so the row's token is
+//!   the last one granted. An expired row stays live until the store notices it (a later
+//!   acquire, renew, release or force-release), which records `expired` and ends or
+//!   replaces it. Triggers refuse lowering a row's token and `TRUNCATE`; a row deleted
+//!   anyway leaves its token in the counter.
+//! - `idem_lease_tokens(name, last_token)`: the per-name lock of the locked path, the
+//!   token of a name's first grant, and the keeper of a deleted row's token. Never
+//!   deleted and never lowered: a trigger refuses `DELETE`, `TRUNCATE` and any `UPDATE`
+//!   that would lower `last_token`. With the row's token it makes sure tokens do not go
+//!   back after a release, an expiry, a deleted lease row, a restart, or an operator's
+//!   cleanup by hand.
 //! - `idem_lease_events`: the evidence (owner, token, acquire and expiry times, detail),
 //!   ordered by an identity column.
 //! - `idem_fences(resource, last_token, lease_name, owner, updated_at)`: the last token
@@ -21,14 +27,17 @@
 //!
 //! # Atomicity
 //!
-//! The two common changes are one statement each. The uncontended grant bumps the
-//! name's counter under its row lock (`INSERT … ON CONFLICT DO UPDATE`, which waits for
-//! a concurrent holder of the row and then sees its committed value), inserts the lease
-//! row unless one appeared meanwhile (`ON CONFLICT DO NOTHING` sees committed rows, not
-//! only the snapshot) and records `acquired`; a bump whose insert lost leaves a gap in
-//! the counter, never a repeat. The holder's release is a compare-and-delete on owner,
-//! token and a live lease, with its `released` event; a concurrent locked change of the
-//! same row waits on it and re-checks the row (`FOR UPDATE`, READ COMMITTED).
+//! The two common changes are one statement each, and write the lease row in place
+//! (no insert or delete churn). The uncontended grant updates an ended row under its
+//! row lock, token + 1, and records `acquired`; concurrent grants wait on the lock and
+//! re-check the row (READ COMMITTED), so one wins. The holder's release is a
+//! compare-and-set on owner, token and a live lease that ends the row, with its
+//! `released` event. A locked change holds the row `FOR UPDATE`, so these wait for it.
+//! A name's first grant (no row) bumps the counter under its row lock (`INSERT … ON
+//! CONFLICT DO UPDATE`, which waits for a concurrent holder of the row and then sees its
+//! committed value), inserts the row unless one appeared meanwhile (`ON CONFLICT DO
+//! NOTHING` sees committed rows, not only the snapshot) and records `acquired`; a bump
+//! whose insert lost leaves a gap in the counter, never a repeat.
 //!
 //! Every other change (a grant over an expired lease, renewals, a release by a
 //! non-holder, force-release) is one READ COMMITTED transaction that first locks the
@@ -146,6 +155,42 @@ CREATE TABLE idem_fences (
 );
 "#;
 
+/// Migration 8: lease rows are kept after their lease ends (`ended_at`), so the row's
+/// token is the name's counter while the row exists and the common grant and release
+/// are each one in-place update. The counter table keeps the token of a row that is
+/// deleted anyway (by hand), and stays the lock of the locked path.
+pub(crate) const KEPT_ROWS_SQL: &str = r#"
+SET LOCAL lock_timeout = '10s';
+ALTER TABLE idem_leases ADD COLUMN ended_at bigint;
+-- Names whose lease row is gone: a row that has ended, carrying the counter's token.
+INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals, ended_at)
+    SELECT t.name, '-', t.last_token, 0, 0, 0, 0 FROM idem_lease_tokens t
+    WHERE t.last_token > 0 AND NOT EXISTS (SELECT 1 FROM idem_leases l WHERE l.name = t.name);
+-- A row's token never goes back, and a deleted row leaves its token in the counter.
+CREATE FUNCTION idem_leases_keep_token() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'idem_leases: the token of % cannot go back', OLD.name
+            USING ERRCODE = 'check_violation';
+    ELSIF TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'idem_leases: lease rows hold the token counters; delete rows instead'
+            USING ERRCODE = 'check_violation';
+    END IF;
+    INSERT INTO idem_lease_tokens AS t (name, last_token) VALUES (OLD.name, OLD.token)
+    ON CONFLICT (name) DO UPDATE SET last_token = GREATEST(t.last_token, EXCLUDED.last_token);
+    RETURN OLD;
+END
+$$;
+CREATE TRIGGER idem_leases_token_guard BEFORE UPDATE ON idem_leases
+    FOR EACH ROW WHEN (NEW.token < OLD.token OR NEW.name <> OLD.name)
+    EXECUTE FUNCTION idem_leases_keep_token();
+CREATE TRIGGER idem_leases_keep_token AFTER DELETE ON idem_leases
+    FOR EACH ROW EXECUTE FUNCTION idem_leases_keep_token();
+CREATE TRIGGER idem_leases_no_truncate BEFORE TRUNCATE ON idem_leases
+    FOR EACH STATEMENT EXECUTE FUNCTION idem_leases_keep_token();
+"#;
+
 /// The (possibly schema-qualified) lease tables.
 struct Tables {
     leases: String,
@@ -194,7 +239,7 @@ async fn snapshot(
     name: &LeaseName,
 ) -> Result<Snapshot, LeaseError> {
     let row = sqlx::query(&format!(
-        "SELECT {CLOCK} + $2 AS now_ms, l.name IS NOT NULL AS found, \
+        "SELECT {CLOCK} + $2 AS now_ms, l.name IS NOT NULL AND l.ended_at IS NULL AS found, \
            l.owner, l.token, l.acquired_at, l.expires_at, l.renewals, \
            GREATEST(t.last_token, l.token, 0) AS last_token \
          FROM (SELECT 1) one \
@@ -231,14 +276,76 @@ fn lease_from_row(name: &LeaseName, row: &PgRow) -> Result<Lease, LeaseError> {
     })
 }
 
-/// The common grant in one statement (one round trip, one commit): no lease row for the
-/// name in this statement's snapshot. The counter is bumped under its row lock (so
-/// concurrent grants get strictly rising tokens in commit order), the lease row is
-/// inserted unless one appeared meanwhile, and the evidence is written from what was
-/// inserted. `None`: a lease row exists (live, or expired and to be settled) or
-/// appeared concurrently — the locked path decides. A bump whose insert lost leaves a
-/// gap in the counter, never a repeat.
-async fn fast_grant(
+/// What the common grant found.
+enum FastGrant {
+    Granted(Lease),
+    /// The name has a row that is not ended (live, or expired and to be settled).
+    Taken,
+    /// The name has no row: never granted (or its row was deleted).
+    NoRow,
+}
+
+/// The common grant in one statement (one round trip, one commit): the name's row has
+/// ended. It is updated in place under its row lock, so concurrent grants get strictly
+/// rising tokens in commit order (the row's token is the last one granted), and the
+/// evidence is written from what was updated. The time is read per row, after the lock
+/// (the subquery refers to the row).
+async fn fast_update(
+    exec: impl PgExecutor<'_>,
+    clock: &ClockShift,
+    t: &Tables,
+    name: &LeaseName,
+    owner: &OwnerId,
+    ttl: Duration,
+) -> Result<FastGrant, LeaseError> {
+    let row: (Option<i64>, Option<i64>, Option<i64>, Option<bool>) = sqlx::query_as(&format!(
+        "WITH u AS ( \
+           UPDATE {leases} l SET owner = $2, token = l.token + 1, \
+             (acquired_at, expires_at) = (SELECT n, n + $3 FROM \
+               (SELECT {CLOCK} + $4 + 0 * l.token AS n) c), \
+             renewals = 0, ended_at = NULL \
+           WHERE name = $1 AND ended_at IS NOT NULL \
+           RETURNING token, acquired_at, expires_at \
+         ), ev AS ( \
+           INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
+           SELECT $1, $5, acquired_at, $2, token, acquired_at, expires_at FROM u \
+         ) \
+         SELECT u.token, u.acquired_at, u.expires_at, \
+           CASE WHEN u.token IS NULL THEN EXISTS (SELECT 1 FROM {leases} WHERE name = $1) END \
+         FROM (SELECT 1) one LEFT JOIN u ON true",
+        leases = t.leases,
+        events = t.events,
+    ))
+    .bind(name.as_str())
+    .bind(owner.as_str())
+    .bind(lease_ms(ttl))
+    .bind(clock.millis())
+    .bind(LeaseEventKind::Acquired.as_str())
+    .fetch_one(exec)
+    .await
+    .map_err(lerr("lease grant"))?;
+    Ok(match row {
+        (Some(token), Some(acquired_at), Some(expires_at), _) => FastGrant::Granted(Lease {
+            name: name.clone(),
+            owner: owner.clone(),
+            token: FencingToken::new(token),
+            acquired_at,
+            expires_at,
+            renewals: 0,
+        }),
+        (_, _, _, Some(false)) => FastGrant::NoRow,
+        _ => FastGrant::Taken,
+    })
+}
+
+/// The first grant of a name in one statement: no lease row for the name in this
+/// statement's snapshot. The counter (which keeps the token of a deleted row) is bumped
+/// under its row lock (so concurrent grants get strictly rising tokens in commit
+/// order), the lease row is inserted unless one appeared meanwhile, and the evidence is
+/// written from what was inserted. `None`: a lease row exists or appeared concurrently —
+/// the locked path decides. A bump whose insert lost leaves a gap in the counter, never
+/// a repeat.
+async fn fast_insert(
     exec: impl PgExecutor<'_>,
     clock: &ClockShift,
     t: &Tables,
@@ -286,9 +393,9 @@ async fn fast_grant(
     }))
 }
 
-/// The common release in one statement: a compare-and-delete of the caller's live lease
-/// with its evidence. `None`: the caller does not hold it (or it expired) — the locked
-/// path records the owner mismatch or settles the expiry.
+/// The common release in one statement: a compare-and-set ending the caller's live lease
+/// (the row and its token stay) with its evidence. `None`: the caller does not hold it
+/// (or it expired) — the locked path records the owner mismatch or settles the expiry.
 async fn fast_release(
     exec: impl PgExecutor<'_>,
     clock: &ClockShift,
@@ -299,9 +406,10 @@ async fn fast_release(
 ) -> Result<Option<Release>, LeaseError> {
     let row = sqlx::query(&format!(
         "WITH d AS ( \
-           DELETE FROM {leases} \
-           WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > {CLOCK} + $4 \
-           RETURNING owner, token, acquired_at, expires_at, renewals, {CLOCK} + $4 AS now_ms \
+           UPDATE {leases} SET ended_at = {CLOCK} + $4 \
+           WHERE name = $1 AND owner = $2 AND token = $3 AND ended_at IS NULL \
+             AND expires_at > {CLOCK} + $4 \
+           RETURNING owner, token, acquired_at, expires_at, renewals, ended_at AS now_ms \
          ), ev AS ( \
            INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
            SELECT $1, $5, now_ms, owner, token, acquired_at, expires_at FROM d \
@@ -351,23 +459,30 @@ async fn lock_name(
     ))
 }
 
-/// The lease row under the name's lock.
+/// The lease row under the name's lock: the lease unless it has ended, and the row's
+/// token (0 without a row).
 async fn locked_lease(
     conn: &mut PgConnection,
     t: &Tables,
     name: &LeaseName,
-) -> Result<Option<Lease>, LeaseError> {
-    // FOR UPDATE as well, against anyone writing the row without the name's lock.
+) -> Result<(Option<Lease>, i64), LeaseError> {
+    // FOR UPDATE as well, against the one-statement grant and release, which write the
+    // row without the name's lock.
     let row = sqlx::query(&format!(
-        "SELECT owner, token, acquired_at, expires_at, renewals FROM {leases} \
-         WHERE name = $1 FOR UPDATE",
+        "SELECT owner, token, acquired_at, expires_at, renewals, ended_at IS NOT NULL AS ended \
+         FROM {leases} WHERE name = $1 FOR UPDATE",
         leases = t.leases,
     ))
     .bind(name.as_str())
     .fetch_optional(&mut *conn)
     .await
     .map_err(lerr("lease read"))?;
-    row.map(|row| lease_from_row(name, &row)).transpose()
+    let Some(row) = row else { return Ok((None, 0)) };
+    let token: i64 = row.try_get("token").map_err(lerr("lease read"))?;
+    if row.try_get("ended").map_err(lerr("lease read"))? {
+        return Ok((None, token));
+    }
+    Ok((Some(lease_from_row(name, &row)?), token))
 }
 
 async fn record(
@@ -394,24 +509,27 @@ async fn record(
     Ok(())
 }
 
-async fn delete_lease(
+/// Marks the name's lease ended at `now`; the row and its token stay.
+async fn end_lease(
     conn: &mut PgConnection,
     t: &Tables,
     name: &LeaseName,
+    now: Millis,
 ) -> Result<(), LeaseError> {
     sqlx::query(&format!(
-        "DELETE FROM {leases} WHERE name = $1",
+        "UPDATE {leases} SET ended_at = $2 WHERE name = $1",
         leases = t.leases
     ))
     .bind(name.as_str())
+    .bind(now)
     .execute(&mut *conn)
     .await
-    .map_err(lerr("lease delete"))?;
+    .map_err(lerr("lease end"))?;
     Ok(())
 }
 
-/// The live lease; an expired row is recorded as `expired` and removed, so the expiry
-/// is recorded once.
+/// The live lease; an expired one is recorded as `expired` and ended, so the expiry is
+/// recorded once.
 async fn settle_expired(
     conn: &mut PgConnection,
     t: &Tables,
@@ -426,7 +544,7 @@ async fn settle_expired(
                 &LeaseEvent::of_lease(LeaseEventKind::Expired, now, &lease),
             )
             .await?;
-            delete_lease(conn, t, &lease.name).await?;
+            end_lease(conn, t, &lease.name, now).await?;
             Ok(None)
         }
         live => Ok(live),
@@ -648,7 +766,12 @@ impl PgStore {
     ) -> Result<Acquire, LeaseError> {
         check_ttl(ttl)?;
         let t = self.lease_tables();
-        if let Some(lease) = fast_grant(&self.pool, &self.clock, &t, name, owner, ttl).await? {
+        let first = match fast_update(&self.pool, &self.clock, &t, name, owner, ttl).await? {
+            FastGrant::Granted(lease) => Some(lease),
+            FastGrant::NoRow => fast_insert(&self.pool, &self.clock, &t, name, owner, ttl).await?,
+            FastGrant::Taken => None,
+        };
+        if let Some(lease) = first {
             tracing::debug!(lease = %name, %owner, token = %lease.token, "lease granted");
             return Ok(Acquire::Granted(lease));
         }
@@ -664,14 +787,14 @@ impl PgStore {
 
         let mut tx = self.begin_lease().await?;
         let (counter, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
-        let current = locked_lease(&mut tx, &t, name).await?;
+        let (current, row_token) = locked_lease(&mut tx, &t, name).await?;
         if let Some(holder) = current.as_ref().filter(|l| l.is_live(now)) {
             let holder = holder.clone();
             tx.rollback().await.map_err(lerr("lease rollback"))?;
             return Ok(Acquire::Held { holder, now });
         }
-        // The row's token counts too, in case the counter was ever behind it.
-        let prior = counter.max(current.as_ref().map_or(0, |l| l.token.get()));
+        // The row's token is the last grant; the counter keeps a deleted row's.
+        let prior = counter.max(row_token);
         if let Some(expired) = &current {
             record(
                 &mut *tx,
@@ -697,7 +820,7 @@ impl PgStore {
                VALUES ($1, $3, $2, $4, $5, 0) \
                ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
                  token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, \
-                 expires_at = EXCLUDED.expires_at, renewals = 0 \
+                 expires_at = EXCLUDED.expires_at, renewals = 0, ended_at = NULL \
              ) \
              INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
              VALUES ($1, $6, $4, $3, $2, $4, $5)",
@@ -730,7 +853,7 @@ impl PgStore {
         let t = self.lease_tables();
         let mut tx = self.begin_lease().await?;
         let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
-        let answer = match locked_lease(&mut tx, &t, name).await? {
+        let answer = match locked_lease(&mut tx, &t, name).await?.0 {
             Some(mut lease) if holds(&lease, owner, token, now) => {
                 lease.expires_at = now.saturating_add(lease_ms(ttl));
                 lease.renewals += 1;
@@ -779,9 +902,9 @@ impl PgStore {
         }
         let mut tx = self.begin_lease().await?;
         let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
-        let answer = match locked_lease(&mut tx, &t, name).await? {
+        let answer = match locked_lease(&mut tx, &t, name).await?.0 {
             Some(lease) if holds(&lease, owner, token, now) => {
-                delete_lease(&mut tx, &t, name).await?;
+                end_lease(&mut tx, &t, name, now).await?;
                 record(
                     &mut *tx,
                     &t,
@@ -817,11 +940,11 @@ impl PgStore {
     }
 }
 
-/// Leases whose tokens come from a per-name counter row that is never deleted or
-/// lowered (enforced by a trigger), bumped under that row's lock in the same
-/// transaction as the lease row and its evidence; times from the database clock. Tokens never go
-/// back as far as committed transactions survive (use synchronous replication if a
-/// failover must not lose a grant).
+/// Leases whose tokens rise from the last one granted, kept in the name's lease row
+/// (which outlives the lease) or, for a deleted row, in a counter that is never deleted
+/// or lowered (both enforced by triggers); each grant commits with its evidence; times
+/// from the database clock. Tokens never go back as far as committed transactions
+/// survive (use synchronous replication if a failover must not lose a grant).
 #[async_trait]
 impl LeaseStore for PgStore {
     async fn try_acquire(
@@ -864,11 +987,11 @@ impl LeaseStore for PgStore {
         let t = self.lease_tables();
         let mut tx = self.begin_lease().await?;
         let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
-        let current = locked_lease(&mut tx, &t, name).await?;
+        let (current, _) = locked_lease(&mut tx, &t, name).await?;
         let removed = settle_expired(&mut tx, &t, current, now).await?;
         let event = match &removed {
             Some(lease) => {
-                delete_lease(&mut tx, &t, name).await?;
+                end_lease(&mut tx, &t, name, now).await?;
                 LeaseEvent::of_lease(LeaseEventKind::ForceReleased, now, lease)
             }
             None => LeaseEvent::new(name, LeaseEventKind::ForceReleased, now),

@@ -115,6 +115,14 @@ CREATE INDEX idem_records_completed_idx ON idem_records (completed_at)
         sql: "SET LOCAL lock_timeout = '10s'; \
               CREATE INDEX IF NOT EXISTS idem_lease_events_at_idx ON idem_lease_events (at);",
     },
+    Migration {
+        version: 8,
+        name: "idem_leases_kept",
+        // A lease row outlives its lease (marked ended), so a grant and a release are
+        // each one update of it in place instead of a counter bump, an insert and a
+        // delete: next to the statements in `lease.rs`.
+        sql: crate::lease::KEPT_ROWS_SQL,
+    },
 ];
 
 /// Constant first half of the advisory lock key, so idem's lock does not collide with

@@ -166,6 +166,93 @@ async fn token_counter_cannot_go_back() {
         );
     }
     assert_eq!(store.show(&name).await.unwrap().last_token, Some(a.token));
+    // The lease row carries the last token too: it cannot be lowered or truncated, and
+    // deleting it leaves its token in the counter.
+    for sql in [
+        "UPDATE idem_leases SET token = token - 1 WHERE name = $1",
+        "TRUNCATE idem_leases",
+    ] {
+        let err = sqlx::query(sql)
+            .bind(name.as_str())
+            .execute(&mut admin)
+            .await
+            .expect_err(sql);
+        assert!(err.to_string().contains("idem_leases"), "{sql}: {err}");
+    }
+    sqlx::query("DELETE FROM idem_leases WHERE name = $1")
+        .bind(name.as_str())
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let b = store
+        .try_acquire(
+            &name,
+            &OwnerId::new("B").unwrap(),
+            std::time::Duration::from_secs(3),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert!(b.token > a.token, "{b:?} after {a:?}");
+}
+
+/// Migration 8 on a schema that already holds leases: a live lease carries over and
+/// holds, a released name's next token is above its counter, and the one-statement
+/// grant and release continue from there.
+#[tokio::test]
+async fn kept_rows_migration_carries_leases_over() {
+    let Some(h) = harness().await else { return };
+    let store = h.pg.store().await;
+    let mut admin = h.pg.admin().await;
+    // Back to version 7 (the harness migrated an empty schema), with its data: a name
+    // released at token 5 (counter only), a live lease with token 7, a name whose
+    // counter was only ever locked (0).
+    admin
+        .execute(
+            "DROP TRIGGER idem_leases_no_truncate ON idem_leases; \
+             DROP TRIGGER idem_leases_keep_token ON idem_leases; \
+             DROP TRIGGER idem_leases_token_guard ON idem_leases; \
+             DROP FUNCTION idem_leases_keep_token(); \
+             ALTER TABLE idem_leases DROP COLUMN ended_at; \
+             DELETE FROM idem_schema_migrations WHERE version = 8; \
+             INSERT INTO idem_lease_tokens (name, last_token) \
+               VALUES ('old', 5), ('live', 7), ('locked', 0); \
+             INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals) \
+               VALUES ('live', 'holder', 7, 1000, 253402300799000, 2);",
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.migrate().await.unwrap(), vec![8]);
+
+    let n = |s: &str| LeaseName::new(s).unwrap();
+    let o = |s: &str| OwnerId::new(s).unwrap();
+    let ttl = std::time::Duration::from_secs(30);
+    assert_eq!(
+        store.show(&n("old")).await.unwrap().last_token,
+        Some(FencingToken::new(5))
+    );
+    let old = store.try_acquire(&n("old"), &o("a"), ttl).await.unwrap();
+    assert_eq!(old.granted().map(|l| l.token.get()), Some(6));
+
+    let held = store.try_acquire(&n("live"), &o("b"), ttl).await.unwrap();
+    assert!(
+        matches!(&held, idem_core::Acquire::Held { holder, .. } if holder.token.get() == 7 && holder.renewals == 2),
+        "{held:?}"
+    );
+    let released = store
+        .release(&n("live"), &o("holder"), FencingToken::new(7))
+        .await
+        .unwrap();
+    assert!(
+        matches!(released, idem_core::Release::Released { .. }),
+        "{released:?}"
+    );
+    let live = store.try_acquire(&n("live"), &o("b"), ttl).await.unwrap();
+    assert_eq!(live.granted().map(|l| l.token.get()), Some(8));
+
+    let locked = store.try_acquire(&n("locked"), &o("c"), ttl).await.unwrap();
+    assert_eq!(locked.granted().map(|l| l.token.get()), Some(1));
 }
 
 /// `fence_in_tx` fences inside the caller's transaction: the fence commits (or rolls
