@@ -41,14 +41,22 @@
 //!
 //! Every other change (a grant over an expired lease, renewals, a release by a
 //! non-holder, force-release) is one READ COMMITTED transaction that first locks the
-//! name's counter row and reads the database clock *after* the lock, then reads the
-//! lease row `FOR UPDATE`, so it is stable until commit, and the evidence commits with
-//! the change. An acquire that finds a live holder answers from one plain read and
-//! writes nothing, so contenders polling a held lease do not queue on the lock.
+//! name's counter row (against a first grant), then reads the lease row `FOR UPDATE`
+//! (against the one-statement changes) and the database clock *after* that lock, so the
+//! row is stable until commit and no change it waited for is later than its time; the
+//! evidence commits with the change. An acquire that finds a live holder answers from
+//! one plain read and writes nothing, so contenders polling a held lease do not queue on
+//! the lock.
 //!
-//! Tokens: `max(counter, token of the lease row) + 1`. A renew, release or
-//! force-release of a name never granted leaves its counter row at 0 (the lock it took);
-//! [`LeaseStore::show`] reports no token for it.
+//! Tokens: the row's token + 1 for the one-statement grant (the row holds the last
+//! grant; an insert below the counter is refused), the counter + 1 for a first grant
+//! (the counter keeps a deleted row's token), `max(counter, row's token) + 1` on the
+//! locked path. A renew, release or force-release of a name never granted leaves its
+//! counter row at 0 (the lock it took); [`LeaseStore::show`] reports no token for it.
+//!
+//! Upgrade every process using a schema together: an idem older than migration 8 would
+//! take an ended row for a live lease; its grants over such rows are refused by a
+//! trigger rather than allowed to grant twice.
 //!
 //! # Time
 //!
@@ -166,11 +174,24 @@ ALTER TABLE idem_leases ADD COLUMN ended_at bigint;
 INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals, ended_at)
     SELECT t.name, '-', t.last_token, 0, 0, 0, 0 FROM idem_lease_tokens t
     WHERE t.last_token > 0 AND NOT EXISTS (SELECT 1 FROM idem_leases l WHERE l.name = t.name);
--- A row's token never goes back, and a deleted row leaves its token in the counter.
+-- A row's token never goes back (nor below the counter when a row is inserted), and a
+-- deleted row leaves its token in the counter. The function keeps the migration's
+-- search_path, so a delete by hand from any session finds this schema's counter.
 CREATE FUNCTION idem_leases_keep_token() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    IF TG_OP = 'UPDATE' THEN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.token < (SELECT last_token FROM idem_lease_tokens WHERE name = NEW.name) THEN
+            RAISE EXCEPTION 'idem_leases: a row for % cannot start below its counter', NEW.name
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    ELSIF TG_OP = 'UPDATE' THEN
+        IF OLD.ended_at IS NOT NULL AND NEW.ended_at IS NOT NULL THEN
+            -- Only an idem build older than this schema grants without clearing ended_at.
+            RAISE EXCEPTION 'idem_leases: % was written by an idem older than schema version 8; upgrade every process using this schema', OLD.name
+                USING ERRCODE = 'check_violation';
+        END IF;
         RAISE EXCEPTION 'idem_leases: the token of % cannot go back', OLD.name
             USING ERRCODE = 'check_violation';
     ELSIF TG_OP = 'TRUNCATE' THEN
@@ -183,8 +204,11 @@ BEGIN
 END
 $$;
 CREATE TRIGGER idem_leases_token_guard BEFORE UPDATE ON idem_leases
-    FOR EACH ROW WHEN (NEW.token < OLD.token OR NEW.name <> OLD.name)
+    FOR EACH ROW WHEN (NEW.token < OLD.token OR NEW.name <> OLD.name
+        OR (OLD.ended_at IS NOT NULL AND NEW.ended_at IS NOT NULL AND NEW.token <> OLD.token))
     EXECUTE FUNCTION idem_leases_keep_token();
+CREATE TRIGGER idem_leases_insert_guard BEFORE INSERT ON idem_leases
+    FOR EACH ROW EXECUTE FUNCTION idem_leases_keep_token();
 CREATE TRIGGER idem_leases_keep_token AFTER DELETE ON idem_leases
     FOR EACH ROW EXECUTE FUNCTION idem_leases_keep_token();
 CREATE TRIGGER idem_leases_no_truncate BEFORE TRUNCATE ON idem_leases
@@ -288,8 +312,9 @@ enum FastGrant {
 /// The common grant in one statement (one round trip, one commit): the name's row has
 /// ended. It is updated in place under its row lock, so concurrent grants get strictly
 /// rising tokens in commit order (the row's token is the last one granted), and the
-/// evidence is written from what was updated. The time is read per row, after the lock
-/// (the subquery refers to the row).
+/// evidence is written from what was updated. The time is read per row (the subquery
+/// refers to it): again after the lock when the row changed while this waited; when it
+/// was only locked, the time is from before the wait and the lease a little shorter.
 async fn fast_update(
     exec: impl PgExecutor<'_>,
     clock: &ClockShift,
@@ -325,14 +350,9 @@ async fn fast_update(
     .await
     .map_err(lerr("lease grant"))?;
     Ok(match row {
-        (Some(token), Some(acquired_at), Some(expires_at), _) => FastGrant::Granted(Lease {
-            name: name.clone(),
-            owner: owner.clone(),
-            token: FencingToken::new(token),
-            acquired_at,
-            expires_at,
-            renewals: 0,
-        }),
+        (Some(token), Some(acquired_at), Some(expires_at), _) => {
+            FastGrant::Granted(new_lease(name, owner, (token, acquired_at, expires_at)))
+        }
         (_, _, _, Some(false)) => FastGrant::NoRow,
         _ => FastGrant::Taken,
     })
@@ -383,14 +403,23 @@ async fn fast_insert(
     .fetch_optional(exec)
     .await
     .map_err(lerr("lease grant"))?;
-    Ok(row.map(|(token, acquired_at, expires_at)| Lease {
+    Ok(row.map(|granted| new_lease(name, owner, granted)))
+}
+
+/// A lease just granted, from the statement's (token, acquired_at, expires_at).
+fn new_lease(
+    name: &LeaseName,
+    owner: &OwnerId,
+    (token, acquired_at, expires_at): (i64, i64, i64),
+) -> Lease {
+    Lease {
         name: name.clone(),
         owner: owner.clone(),
         token: FencingToken::new(token),
         acquired_at,
         expires_at,
         renewals: 0,
-    }))
+    }
 }
 
 /// The common release in one statement: a compare-and-set ending the caller's live lease
@@ -432,57 +461,76 @@ async fn fast_release(
     Ok(Some(Release::Released { lease, released_at }))
 }
 
-/// Takes the name's lock (its counter row, created at 0 if missing) and then reads the
-/// clock. Returns the counter and the store time. Held until the transaction ends.
+/// Takes the name's lock (its counter row, created at 0 if missing) and returns the
+/// counter. Held until the transaction ends.
 async fn lock_name(
+    conn: &mut PgConnection,
+    t: &Tables,
+    name: &LeaseName,
+) -> Result<i64, LeaseError> {
+    sqlx::query_scalar(&format!(
+        "INSERT INTO {tokens} AS t (name, last_token) VALUES ($1, 0) \
+         ON CONFLICT (name) DO UPDATE SET last_token = t.last_token \
+         RETURNING t.last_token",
+        tokens = t.tokens,
+    ))
+    .bind(name.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(lerr("lease lock"))
+}
+
+/// What the locked path reads under the row lock.
+struct Locked {
+    /// The lease, unless the row has ended.
+    lease: Option<Lease>,
+    /// The row's token (0 without a row).
+    row_token: i64,
+    /// The store time, read after the row lock.
+    now: Millis,
+}
+
+/// The lease row under the name's lock, and the clock read after the row's lock too.
+async fn locked_lease(
     conn: &mut PgConnection,
     clock: &ClockShift,
     t: &Tables,
     name: &LeaseName,
-) -> Result<(i64, Millis), LeaseError> {
-    // RETURNING is computed after the row lock is granted, so `now_ms` is read after any
-    // concurrent change of this name committed.
+) -> Result<Locked, LeaseError> {
+    // FOR UPDATE as well, against the one-statement grant and release, which write the
+    // row without the name's lock: one may have committed while this waited, and the
+    // select list (the clock) is computed after the subquery's lock.
     let row = sqlx::query(&format!(
-        "INSERT INTO {tokens} AS t (name, last_token) VALUES ($1, 0) \
-         ON CONFLICT (name) DO UPDATE SET last_token = t.last_token \
-         RETURNING t.last_token, {CLOCK} + $2 AS now_ms",
-        tokens = t.tokens,
+        "SELECT {CLOCK} + $2 AS now_ms, l.* FROM (SELECT 1) one LEFT JOIN LATERAL ( \
+           SELECT owner, token, acquired_at, expires_at, renewals, \
+             ended_at IS NOT NULL AS ended \
+           FROM {leases} WHERE name = $1 FOR UPDATE) l ON true",
+        leases = t.leases,
     ))
     .bind(name.as_str())
     .bind(clock.millis())
     .fetch_one(&mut *conn)
     .await
-    .map_err(lerr("lease lock"))?;
-    Ok((
-        row.try_get(0).map_err(lerr("lease lock"))?,
-        row.try_get(1).map_err(lerr("lease lock"))?,
-    ))
-}
-
-/// The lease row under the name's lock: the lease unless it has ended, and the row's
-/// token (0 without a row).
-async fn locked_lease(
-    conn: &mut PgConnection,
-    t: &Tables,
-    name: &LeaseName,
-) -> Result<(Option<Lease>, i64), LeaseError> {
-    // FOR UPDATE as well, against the one-statement grant and release, which write the
-    // row without the name's lock.
-    let row = sqlx::query(&format!(
-        "SELECT owner, token, acquired_at, expires_at, renewals, ended_at IS NOT NULL AS ended \
-         FROM {leases} WHERE name = $1 FOR UPDATE",
-        leases = t.leases,
-    ))
-    .bind(name.as_str())
-    .fetch_optional(&mut *conn)
-    .await
     .map_err(lerr("lease read"))?;
-    let Some(row) = row else { return Ok((None, 0)) };
-    let token: i64 = row.try_get("token").map_err(lerr("lease read"))?;
-    if row.try_get("ended").map_err(lerr("lease read"))? {
-        return Ok((None, token));
-    }
-    Ok((Some(lease_from_row(name, &row)?), token))
+    let e = lerr("lease read");
+    let now: Millis = row.try_get("now_ms").map_err(&e)?;
+    let Some(row_token) = row.try_get::<Option<i64>, _>("token").map_err(&e)? else {
+        return Ok(Locked {
+            lease: None,
+            row_token: 0,
+            now,
+        });
+    };
+    let lease = if row.try_get::<bool, _>("ended").map_err(&e)? {
+        None
+    } else {
+        Some(lease_from_row(name, &row)?)
+    };
+    Ok(Locked {
+        lease,
+        row_token,
+        now,
+    })
 }
 
 async fn record(
@@ -786,8 +834,12 @@ impl PgStore {
         }
 
         let mut tx = self.begin_lease().await?;
-        let (counter, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
-        let (current, row_token) = locked_lease(&mut tx, &t, name).await?;
+        let counter = lock_name(&mut tx, &t, name).await?;
+        let Locked {
+            lease: current,
+            row_token,
+            now,
+        } = locked_lease(&mut tx, &self.clock, &t, name).await?;
         if let Some(holder) = current.as_ref().filter(|l| l.is_live(now)) {
             let holder = holder.clone();
             tx.rollback().await.map_err(lerr("lease rollback"))?;
@@ -852,8 +904,9 @@ impl PgStore {
         check_ttl(ttl)?;
         let t = self.lease_tables();
         let mut tx = self.begin_lease().await?;
-        let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
-        let answer = match locked_lease(&mut tx, &t, name).await?.0 {
+        lock_name(&mut tx, &t, name).await?;
+        let Locked { lease, now, .. } = locked_lease(&mut tx, &self.clock, &t, name).await?;
+        let answer = match lease {
             Some(mut lease) if holds(&lease, owner, token, now) => {
                 lease.expires_at = now.saturating_add(lease_ms(ttl));
                 lease.renewals += 1;
@@ -901,8 +954,9 @@ impl PgStore {
             return Ok(released);
         }
         let mut tx = self.begin_lease().await?;
-        let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
-        let answer = match locked_lease(&mut tx, &t, name).await?.0 {
+        lock_name(&mut tx, &t, name).await?;
+        let Locked { lease, now, .. } = locked_lease(&mut tx, &self.clock, &t, name).await?;
+        let answer = match lease {
             Some(lease) if holds(&lease, owner, token, now) => {
                 end_lease(&mut tx, &t, name, now).await?;
                 record(
@@ -986,8 +1040,12 @@ impl LeaseStore for PgStore {
         check_reason(reason)?;
         let t = self.lease_tables();
         let mut tx = self.begin_lease().await?;
-        let (_, now) = lock_name(&mut tx, &self.clock, &t, name).await?;
-        let (current, _) = locked_lease(&mut tx, &t, name).await?;
+        lock_name(&mut tx, &t, name).await?;
+        let Locked {
+            lease: current,
+            now,
+            ..
+        } = locked_lease(&mut tx, &self.clock, &t, name).await?;
         let removed = settle_expired(&mut tx, &t, current, now).await?;
         let event = match &removed {
             Some(lease) => {
@@ -1007,10 +1065,10 @@ impl LeaseStore for PgStore {
         let snap = self
             .lease_retrying(|| snapshot(&self.pool, &self.clock, &t, name))
             .await?;
-        // The counter can be ahead of every grant (a one-statement grant that lost its
-        // race keeps its bump: a gap, never a repeat). The highest token granted is in
-        // the evidence; the counter stands in only when there is none (events trimmed
-        // past the retention window, or removed by hand).
+        // The counter can be ahead of every grant (a first grant that lost its race
+        // keeps its bump: a gap, never a repeat). The highest token granted is in the
+        // evidence; the row's token (or the counter) stands in only when there is none
+        // (events trimmed past the retention window, or removed by hand).
         let granted: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT max(token) FROM {events} WHERE name = $1 AND kind = $2",
             events = t.events,

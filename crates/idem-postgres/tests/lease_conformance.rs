@@ -179,9 +179,19 @@ async fn token_counter_cannot_go_back() {
             .expect_err(sql);
         assert!(err.to_string().contains("idem_leases"), "{sql}: {err}");
     }
-    sqlx::query("DELETE FROM idem_leases WHERE name = $1")
-        .bind(name.as_str())
-        .execute(&mut admin)
+    // Deleted from a session whose search_path does not hold the store's schema: the
+    // token still lands in this schema's counter.
+    admin.execute("SET search_path TO public").await.unwrap();
+    sqlx::query(&format!(
+        "DELETE FROM \"{}\".idem_leases WHERE name = $1",
+        h.pg.schema
+    ))
+    .bind(name.as_str())
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    admin
+        .execute(format!("SET search_path TO \"{}\"", h.pg.schema).as_str())
         .await
         .unwrap();
     let b = store
@@ -195,6 +205,38 @@ async fn token_counter_cannot_go_back() {
         .granted()
         .unwrap();
     assert!(b.token > a.token, "{b:?} after {a:?}");
+
+    // An idem older than migration 8 would grant over an ended row without clearing
+    // ended_at: refused, not a second live lease.
+    store
+        .release(&name, &OwnerId::new("B").unwrap(), b.token)
+        .await
+        .unwrap();
+    let err = sqlx::query(
+        "UPDATE idem_leases SET owner = 'C', token = token + 1, expires_at = expires_at + 1 \
+         WHERE name = $1",
+    )
+    .bind(name.as_str())
+    .execute(&mut admin)
+    .await
+    .expect_err("an old build's grant");
+    assert!(err.to_string().contains("schema version 8"), "{err}");
+    // A row put back by hand cannot start below the counter.
+    sqlx::query("DELETE FROM idem_leases WHERE name = $1")
+        .bind(name.as_str())
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let err = sqlx::query(
+        "INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals, ended_at) \
+         VALUES ($1, 'A', $2, 0, 0, 0, 0)",
+    )
+    .bind(name.as_str())
+    .bind(a.token.get())
+    .execute(&mut admin)
+    .await
+    .expect_err("a row below the counter");
+    assert!(err.to_string().contains("below its counter"), "{err}");
 }
 
 /// Migration 8 on a schema that already holds leases: a live lease carries over and
@@ -213,6 +255,7 @@ async fn kept_rows_migration_carries_leases_over() {
             "DROP TRIGGER idem_leases_no_truncate ON idem_leases; \
              DROP TRIGGER idem_leases_keep_token ON idem_leases; \
              DROP TRIGGER idem_leases_token_guard ON idem_leases; \
+             DROP TRIGGER idem_leases_insert_guard ON idem_leases; \
              DROP FUNCTION idem_leases_keep_token(); \
              ALTER TABLE idem_leases DROP COLUMN ended_at; \
              DELETE FROM idem_schema_migrations WHERE version = 8; \

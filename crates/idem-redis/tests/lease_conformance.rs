@@ -176,6 +176,14 @@ async fn tokens_rise_after_every_key_is_lost() {
     assert!(b.token.get() >= b.acquired_at * 1000, "{b:?}");
 }
 
+/// The keys of `name`, the store time, and a token of the old layout for it. Tokens of
+/// the old layout were store microseconds too: one far ahead of the clock shows a new
+/// grant rises from the old counter, not from the time floor.
+async fn legacy_setup(store: &RedisStore, name: &LeaseName) -> (idem_redis::LeaseKeys, i64, i64) {
+    let now = store.show(name).await.unwrap().now;
+    (store.lease_keys(name), now, (now + 3_600_000) * 1000)
+}
+
 /// A name written by an older idem (a lease hash and a token counter) is honoured: its
 /// live lease holds, its holder can renew and release it, and the next token is above
 /// the old ones; the first change moves it into the state.
@@ -184,11 +192,7 @@ async fn legacy_layout_is_read_and_moved() {
     let Some(h) = harness().await else { return };
     let store = h.side().await;
     let name = fresh_name("legacy");
-    let keys = store.lease_keys(&name);
-    let now = store.show(&name).await.unwrap().now;
-    // Tokens of the old layout were store microseconds too: one far ahead of the clock
-    // shows the new grant rises from the old counter, not from the time floor.
-    let old_token: i64 = (now + 3_600_000) * 1000;
+    let (keys, now, old_token) = legacy_setup(store, &name).await;
     let mut admin = h.redis.admin().await;
     let _: () = redis::cmd("HSET")
         .arg(&keys.legacy_lease)
@@ -264,9 +268,7 @@ async fn legacy_counter_alone_still_counts() {
     let Some(h) = harness().await else { return };
     let store = h.side().await;
     let name = fresh_name("legacy-counter");
-    let keys = store.lease_keys(&name);
-    let now = store.show(&name).await.unwrap().now;
-    let old_token: i64 = (now + 3_600_000) * 1000;
+    let (keys, _, old_token) = legacy_setup(store, &name).await;
     let mut admin = h.redis.admin().await;
     let _: () = redis::cmd("SET")
         .arg(&keys.legacy_counter)
