@@ -323,7 +323,7 @@ async fn fast_update(
     owner: &OwnerId,
     ttl: Duration,
 ) -> Result<FastGrant, LeaseError> {
-    let row: (Option<i64>, Option<i64>, Option<i64>, Option<bool>) = sqlx::query_as(&format!(
+    let sql = format!(
         "WITH u AS ( \
            UPDATE {leases} l SET owner = $2, token = l.token + 1, \
              (acquired_at, expires_at) = (SELECT n, n + $3 FROM \
@@ -332,23 +332,19 @@ async fn fast_update(
            WHERE name = $1 AND ended_at IS NOT NULL \
            RETURNING token, acquired_at, expires_at \
          ), ev AS ( \
-           INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
-           SELECT $1, $5, acquired_at, $2, token, acquired_at, expires_at FROM u \
+           {acquired} FROM u \
          ) \
          SELECT u.token, u.acquired_at, u.expires_at, \
            CASE WHEN u.token IS NULL THEN EXISTS (SELECT 1 FROM {leases} WHERE name = $1) END \
          FROM (SELECT 1) one LEFT JOIN u ON true",
         leases = t.leases,
-        events = t.events,
-    ))
-    .bind(name.as_str())
-    .bind(owner.as_str())
-    .bind(lease_ms(ttl))
-    .bind(clock.millis())
-    .bind(LeaseEventKind::Acquired.as_str())
-    .fetch_one(exec)
-    .await
-    .map_err(lerr("lease grant"))?;
+        acquired = acquired_event(t),
+    );
+    let row: (Option<i64>, Option<i64>, Option<i64>, Option<bool>) =
+        grant_query(&sql, name, owner, ttl, clock)
+            .fetch_one(exec)
+            .await
+            .map_err(lerr("lease grant"))?;
     Ok(match row {
         (Some(token), Some(acquired_at), Some(expires_at), _) => {
             FastGrant::Granted(new_lease(name, owner, (token, acquired_at, expires_at)))
@@ -374,7 +370,7 @@ async fn fast_insert(
     ttl: Duration,
 ) -> Result<Option<Lease>, LeaseError> {
     // The time is read in `g`'s select list, after `bump` holds the counter row lock.
-    let row: Option<(i64, i64, i64)> = sqlx::query_as(&format!(
+    let sql = format!(
         "WITH bump AS ( \
            INSERT INTO {tokens} AS t (name, last_token) \
            SELECT $1, 1 WHERE NOT EXISTS (SELECT 1 FROM {leases} WHERE name = $1) \
@@ -387,23 +383,48 @@ async fn fast_insert(
            ON CONFLICT (name) DO NOTHING \
            RETURNING token, acquired_at, expires_at \
          ), ev AS ( \
-           INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
-           SELECT $1, $5, acquired_at, $2, token, acquired_at, expires_at FROM g \
+           {acquired} FROM g \
          ) \
          SELECT token, acquired_at, expires_at FROM g",
         tokens = t.tokens,
         leases = t.leases,
-        events = t.events,
-    ))
-    .bind(name.as_str())
-    .bind(owner.as_str())
-    .bind(lease_ms(ttl))
-    .bind(clock.millis())
-    .bind(LeaseEventKind::Acquired.as_str())
-    .fetch_optional(exec)
-    .await
-    .map_err(lerr("lease grant"))?;
+        acquired = acquired_event(t),
+    );
+    let row: Option<(i64, i64, i64)> = grant_query(&sql, name, owner, ttl, clock)
+        .fetch_optional(exec)
+        .await
+        .map_err(lerr("lease grant"))?;
     Ok(row.map(|granted| new_lease(name, owner, granted)))
+}
+
+/// The parameters of both one-statement grants: $1 name, $2 owner, $3 ttl (ms), $4 clock
+/// shift, $5 the `acquired` event kind.
+fn grant_query<'q, O>(
+    sql: &'q str,
+    name: &'q LeaseName,
+    owner: &'q OwnerId,
+    ttl: Duration,
+    clock: &ClockShift,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>
+where
+    O: for<'r> sqlx::FromRow<'r, PgRow>,
+{
+    sqlx::query_as(sql)
+        .bind(name.as_str())
+        .bind(owner.as_str())
+        .bind(lease_ms(ttl))
+        .bind(clock.millis())
+        .bind(LeaseEventKind::Acquired.as_str())
+}
+
+/// The `acquired` event of a one-statement grant, without its `FROM`: the caller names
+/// the CTE holding the granted row (with [`grant_query`]'s parameters).
+fn acquired_event(t: &Tables) -> String {
+    format!(
+        "INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
+         SELECT $1, $5, acquired_at, $2, token, acquired_at, expires_at",
+        events = t.events
+    )
 }
 
 /// A lease just granted, from the statement's (token, acquired_at, expires_at).

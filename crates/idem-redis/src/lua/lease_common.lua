@@ -45,8 +45,8 @@ local function load()
     legacy = true
     local s = {token = f[2], acquired_at = tonumber(f[3]), expires_at = tonumber(f[4]),
                renewals = tonumber(f[5]), granted = true, owner = f[1]}
-    -- The hash's token is the last grant; a counter ahead of it (never seen) still counts
-    -- once the lease ends.
+    -- The hash's token is the last grant (the old scripts kept the counter equal to it);
+    -- a counter ahead of it still raises the next grant while these keys are read.
     s.floor = counter and tonumber(counter) or 0
     return s
   end
