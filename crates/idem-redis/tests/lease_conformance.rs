@@ -176,12 +176,24 @@ async fn tokens_rise_after_every_key_is_lost() {
     assert!(b.token.get() >= b.acquired_at * 1000, "{b:?}");
 }
 
-/// The keys of `name`, the store time, and a token of the old layout for it. Tokens of
-/// the old layout were store microseconds too: one far ahead of the clock shows a new
-/// grant rises from the old counter, not from the time floor.
-async fn legacy_setup(store: &RedisStore, name: &LeaseName) -> (idem_redis::LeaseKeys, i64, i64) {
+/// An old-layout token counter for `name`, as an older idem left it; returns the keys,
+/// the store time and the counter's token. Tokens of the old layout were store
+/// microseconds too: one far ahead of the clock shows a new grant rises from the old
+/// counter, not from the time floor.
+async fn legacy_counter(
+    h: &RedisLeaseHarness,
+    store: &RedisStore,
+    name: &LeaseName,
+) -> (idem_redis::LeaseKeys, i64, i64) {
     let now = store.show(name).await.unwrap().now;
-    (store.lease_keys(name), now, (now + 3_600_000) * 1000)
+    let (keys, old_token) = (store.lease_keys(name), (now + 3_600_000) * 1000);
+    let _: () = redis::cmd("SET")
+        .arg(&keys.legacy_counter)
+        .arg(old_token)
+        .query_async(&mut h.redis.admin().await)
+        .await
+        .unwrap();
+    (keys, now, old_token)
 }
 
 /// A name written by an older idem (a lease hash and a token counter) is honoured: its
@@ -192,7 +204,7 @@ async fn legacy_layout_is_read_and_moved() {
     let Some(h) = harness().await else { return };
     let store = h.side().await;
     let name = fresh_name("legacy");
-    let (keys, now, old_token) = legacy_setup(store, &name).await;
+    let (keys, now, old_token) = legacy_counter(&h, store, &name).await;
     let mut admin = h.redis.admin().await;
     let _: () = redis::cmd("HSET")
         .arg(&keys.legacy_lease)
@@ -206,12 +218,6 @@ async fn legacy_layout_is_read_and_moved() {
         .arg(now + 30_000)
         .arg("renewals")
         .arg(0)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg(&keys.legacy_counter)
-        .arg(old_token)
         .query_async(&mut admin)
         .await
         .unwrap();
@@ -268,14 +274,7 @@ async fn legacy_counter_alone_still_counts() {
     let Some(h) = harness().await else { return };
     let store = h.side().await;
     let name = fresh_name("legacy-counter");
-    let (keys, _, old_token) = legacy_setup(store, &name).await;
-    let mut admin = h.redis.admin().await;
-    let _: () = redis::cmd("SET")
-        .arg(&keys.legacy_counter)
-        .arg(old_token)
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let (_, _, old_token) = legacy_counter(&h, store, &name).await;
     let status = store.show(&name).await.unwrap();
     assert_eq!(status.last_token, Some(FencingToken::new(old_token)));
     assert!(status.holder.is_none());
