@@ -1,5 +1,10 @@
-//! Request fingerprints: SHA-256 over method, route, principal, chosen headers and the
-//! canonical body.
+//! Request fingerprints: SHA-256 over method, concrete path, canonical query, principal,
+//! chosen headers and the canonical body.
+//!
+//! The path and query are the resource a key is bound to: the same key on
+//! `/v1/orders/O2/pay` after `/v1/orders/O1/pay` is another request, never a replay.
+//! [`canonical_path`] and [`canonical_query`] are the one definition of "the same target"
+//! that the HTTP layer and the gateway share.
 //!
 //! JSON bodies are canonicalised per RFC 8785 (JCS), so key order and whitespace never
 //! change a fingerprint. Configured fields (client timestamps, say) can be left out.
@@ -78,8 +83,11 @@ pub enum FingerprintError {
 #[derive(Debug, Clone, Copy)]
 pub struct RequestParts<'a> {
     pub method: &'a str,
-    /// The matched route template (`/v1/orders/{id}`), or the path when there is none.
-    pub route: &'a str,
+    /// The concrete request path (`/v1/orders/O1/pay`), never a route template: the
+    /// template would let one key cover every resource behind it.
+    pub path: &'a str,
+    /// The raw query string, without the `?`; `None` when there is none.
+    pub query: Option<&'a str>,
     pub principal: &'a str,
     /// Content type; bodies declared JSON (or that parse as JSON when none is given) are
     /// canonicalised.
@@ -124,9 +132,12 @@ impl Fingerprinter {
             h.update((bytes.len() as u64).to_be_bytes());
             h.update(bytes);
         };
-        field(b"v1", b"idem-fingerprint");
+        // v2: the concrete path and canonical query replaced the route template, so a
+        // v1 digest never equals a v2 one.
+        field(b"v2", b"idem-fingerprint");
         field(b"m", req.method.to_ascii_uppercase().as_bytes());
-        field(b"r", req.route.as_bytes());
+        field(b"u", canonical_path(req.path).as_bytes());
+        field(b"q", canonical_query(req.query).as_bytes());
         field(b"p", req.principal.as_bytes());
         let mut chosen: Vec<(String, &str)> = req
             .headers
@@ -158,6 +169,128 @@ impl Fingerprinter {
             remove_path(&mut value, path);
         }
         Some(canonicalize(&value))
+    }
+}
+
+/// The path with its percent-encoding normalised (RFC 3986 §6.2.2): escapes of unreserved
+/// characters decoded (`%41` → `A`), other escapes in uppercase hex (`%2f` → `%2F`),
+/// characters that may not appear unescaped escaped, and a stray `%` as `%25`.
+/// Reserved characters keep their form either way: `/` and `%2F` are different paths.
+/// An empty path is `/`.
+pub fn canonical_path(path: &str) -> String {
+    if path.is_empty() {
+        return "/".to_owned();
+    }
+    let mut out = String::with_capacity(path.len());
+    normalise_escapes(path, &mut out);
+    out
+}
+
+/// The query in canonical form: split on `&`, empty pairs dropped, each `name=value`
+/// normalised like [`canonical_path`], then sorted by name. The sort is stable, so
+/// repeated names keep their order (`x=1&x=2` is a list an application can read in
+/// order). `None` and `""` are both the empty query.
+///
+/// `+` is kept as a literal `+`, equal to neither `%20` nor `%2B`: form decoding reads it
+/// as a space, RFC 3986 as a plus, and keeping it apart from both never gives two
+/// requests an application could tell apart the same fingerprint.
+pub fn canonical_query(query: Option<&str>) -> String {
+    let mut pairs: Vec<(String, usize)> = query
+        .unwrap_or("")
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let mut out = String::with_capacity(pair.len());
+            normalise_escapes(pair, &mut out);
+            // `=` is reserved, so normalising never moves the first one.
+            let name_len = out.find('=').unwrap_or(out.len());
+            (out, name_len)
+        })
+        .collect();
+    pairs.sort_by(|(a, an), (b, bn)| a[..*an].cmp(&b[..*bn]));
+    let mut out = String::new();
+    for (i, (pair, _)) in pairs.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        out.push_str(pair);
+    }
+    out
+}
+
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+/// RFC 3986 gen-delims and sub-delims: their escaped and literal forms may differ in
+/// meaning, so neither is turned into the other.
+fn is_reserved(b: u8) -> bool {
+    matches!(
+        b,
+        b':' | b'/'
+            | b'?'
+            | b'#'
+            | b'['
+            | b']'
+            | b'@'
+            | b'!'
+            | b'$'
+            | b'&'
+            | b'\''
+            | b'('
+            | b')'
+            | b'*'
+            | b'+'
+            | b','
+            | b';'
+            | b'='
+    )
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+fn push_escaped(b: u8, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('%');
+    out.push(HEX[usize::from(b >> 4)] as char);
+    out.push(HEX[usize::from(b & 0xf)] as char);
+}
+
+fn normalise_escapes(s: &str, out: &mut String) {
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            let escaped = bytes
+                .get(i + 1)
+                .and_then(|h| hex_value(*h))
+                .zip(bytes.get(i + 2).and_then(|l| hex_value(*l)));
+            if let Some((hi, lo)) = escaped {
+                let decoded = hi << 4 | lo;
+                if is_unreserved(decoded) {
+                    out.push(decoded as char);
+                } else {
+                    push_escaped(decoded, out);
+                }
+                i += 3;
+                continue;
+            }
+            // Not an escape: the literal `%` it stands for.
+            push_escaped(b'%', out);
+        } else if is_unreserved(b) || is_reserved(b) {
+            out.push(b as char);
+        } else {
+            push_escaped(b, out);
+        }
+        i += 1;
     }
 }
 
@@ -323,7 +456,8 @@ mod tests {
     fn parts<'a>(body: &'a [u8], principal: &'a str) -> RequestParts<'a> {
         RequestParts {
             method: "POST",
-            route: "/v1/orders",
+            path: "/v1/orders",
+            query: None,
             principal,
             content_type: Some("application/json"),
             body,
@@ -345,7 +479,7 @@ mod tests {
     }
 
     #[test]
-    fn principal_method_route_headers_count() {
+    fn principal_method_target_headers_count() {
         let fp = Fingerprinter::new().with_headers(["X-Currency"]);
         let body = br#"{"q":1}"#;
         let base = fp.fingerprint(&parts(body, "alice"));
@@ -354,7 +488,10 @@ mod tests {
         other.method = "PUT";
         assert_ne!(base, fp.fingerprint(&other));
         let mut other = parts(body, "alice");
-        other.route = "/v1/refunds";
+        other.path = "/v1/refunds";
+        assert_ne!(base, fp.fingerprint(&other));
+        let mut other = parts(body, "alice");
+        other.query = Some("dry_run=1");
         assert_ne!(base, fp.fingerprint(&other));
         let h = [("x-currency", "EUR"), ("user-agent", "a")];
         let h2 = [("X-Currency", "EUR"), ("user-agent", "b")];
@@ -403,6 +540,89 @@ mod tests {
         let mut t2 = parts(br#"{"b":2,"a":1}"#, "u");
         t2.content_type = Some("text/plain");
         assert_ne!(fp.fingerprint(&t1), fp.fingerprint(&t2));
+    }
+
+    #[test]
+    fn canonical_paths() {
+        fn check(input: &str, expected: &str) {
+            assert_eq!(canonical_path(input), expected, "{input:?}");
+        }
+        check("/v1/orders/O1/pay", "/v1/orders/O1/pay");
+        check("", "/");
+        check("/", "/");
+        // Escaped unreserved characters are the characters.
+        check("/v1/orders/%4F1/pay", "/v1/orders/O1/pay");
+        check("/%7euser/%2d%2E%5f", "/~user/-._");
+        // Other escapes stay escaped, in uppercase hex.
+        check("/a%2fb", "/a%2Fb");
+        check("/a%2Fb", "/a%2Fb");
+        check("/caf%c3%a9", "/caf%C3%A9");
+        // Reserved characters are not decoded or encoded: `/` and `%2F` differ.
+        check("/a/b", "/a/b");
+        check("/a;v=1/b:c@d", "/a;v=1/b:c@d");
+        check("/a%3Bv", "/a%3Bv");
+        // Characters that may not appear unescaped are escaped.
+        check("/a b", "/a%20b");
+        check("/café", "/caf%C3%A9");
+        check("/a\"b", "/a%22b");
+        // A `%` that starts no escape is a literal `%`.
+        check("/100%", "/100%25");
+        check("/%zz", "/%25zz");
+        check("/%4", "/%254");
+        check("/%25", "/%25");
+    }
+
+    #[test]
+    fn canonical_queries() {
+        fn check(input: Option<&str>, expected: &str) {
+            assert_eq!(canonical_query(input), expected, "{input:?}");
+        }
+        check(None, "");
+        check(Some(""), "");
+        check(Some("a=1"), "a=1");
+        // Sorted by name; empty pairs dropped.
+        check(Some("b=2&a=1"), "a=1&b=2");
+        check(Some("&&b=2&&a=1&"), "a=1&b=2");
+        check(Some("z&a=&m=3"), "a=&m=3&z");
+        // Repeated names keep their order: the application may read a list.
+        check(Some("x=2&a=0&x=1"), "a=0&x=2&x=1");
+        // Names and values are normalised like paths.
+        check(Some("%61=%31"), "a=1");
+        check(Some("q=a%2fb"), "q=a%2Fb");
+        check(Some("q=caf%c3%a9"), "q=caf%C3%A9");
+        check(Some("q=100%"), "q=100%25");
+        check(Some("q=a b"), "q=a%20b");
+        // Escaped `&` and `=` are data, not separators.
+        check(Some("q=a%26b%3dc"), "q=a%26b%3Dc");
+        check(Some("q=a=b"), "q=a=b");
+        // `+` stays a literal `+`, apart from `%20` and `%2B`.
+        check(Some("q=a+b"), "q=a+b");
+        check(Some("q=a%20b"), "q=a%20b");
+        check(Some("q=a%2bb"), "q=a%2Bb");
+        // Sorting uses the normalised name.
+        check(Some("b=1&%61=2"), "a=2&b=1");
+    }
+
+    #[test]
+    fn the_target_is_bound_to_the_fingerprint() {
+        let fp = Fingerprinter::new();
+        let target = |path, query| {
+            fp.fingerprint(&RequestParts {
+                path,
+                query,
+                ..parts(b"{}", "u")
+            })
+        };
+        let o1 = target("/v1/orders/O1/pay", None);
+        assert_ne!(o1, target("/v1/orders/O2/pay", None));
+        assert_eq!(o1, target("/v1/orders/%4F1/pay", None));
+        assert_eq!(o1, target("/v1/orders/O1/pay", Some("")));
+        let ab = target("/v1/search", Some("a=1&b=2"));
+        assert_eq!(ab, target("/v1/search", Some("b=2&a=1")));
+        assert_ne!(ab, target("/v1/search", Some("a=2")));
+        assert_ne!(ab, target("/v1/search", None));
+        // Length-prefixed fields: moving text between path and query changes the digest.
+        assert_ne!(target("/v1/a", Some("b=1")), target("/v1/a%3Fb=1", None));
     }
 
     #[test]

@@ -26,9 +26,23 @@ pub enum KeyError {
     },
     #[error("{what} has a character outside visible ASCII at position {position}")]
     InvalidCharacter { what: &'static str, position: usize },
+    /// A `,` or `;`: in an HTTP header they separate list members and parameters, so a
+    /// proxy folding two `Idempotency-Key` lines into `a,b` would make one new key.
+    #[error(
+        "{what} has {character:?} at position {position}; ',' and ';' separate list \
+         members and parameters in a header, so they cannot be part of a key"
+    )]
+    ReservedCharacter {
+        what: &'static str,
+        character: char,
+        position: usize,
+    },
 }
 
-fn validate(what: &'static str, s: &str, max: usize) -> Result<(), KeyError> {
+/// Characters an idempotency key (and a lease name, which follows its rules) may not hold.
+const KEY_RESERVED_CHARS: [char; 2] = [',', ';'];
+
+fn validate(what: &'static str, s: &str, max: usize, reserved: &[char]) -> Result<(), KeyError> {
     if s.is_empty() {
         return Err(KeyError::Empty { what });
     }
@@ -36,6 +50,13 @@ fn validate(what: &'static str, s: &str, max: usize) -> Result<(), KeyError> {
     for (position, c) in s.chars().enumerate() {
         if !('!'..='~').contains(&c) {
             return Err(KeyError::InvalidCharacter { what, position });
+        }
+        if reserved.contains(&c) {
+            return Err(KeyError::ReservedCharacter {
+                what,
+                character: c,
+                position,
+            });
         }
     }
     if s.len() > max {
@@ -49,7 +70,7 @@ fn validate(what: &'static str, s: &str, max: usize) -> Result<(), KeyError> {
 }
 
 macro_rules! name_type {
-    ($(#[$m:meta])* $name:ident, $what:literal, $max:expr) => {
+    ($(#[$m:meta])* $name:ident, $what:literal, $max:expr, $reserved:expr) => {
         $(#[$m])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -59,7 +80,7 @@ macro_rules! name_type {
             /// Validates and wraps the value: 1 to the maximum length of visible ASCII.
             pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
                 let value = value.into();
-                validate($what, &value, $max)?;
+                validate($what, &value, $max, &$reserved)?;
                 Ok(Self(value))
             }
 
@@ -97,28 +118,33 @@ macro_rules! name_type {
 }
 
 name_type!(
-    /// An idempotency key: 1 to 255 visible ASCII characters (0x21..=0x7E).
+    /// An idempotency key: 1 to 255 visible ASCII characters (0x21..=0x7E) other than
+    /// `,` and `;`.
     IdempotencyKey,
     "idempotency key",
-    MAX_KEY_LEN
+    MAX_KEY_LEN,
+    KEY_RESERVED_CHARS
 );
 name_type!(
     /// A tenant id. Comes from authentication, never from a header a client sets freely.
     TenantId,
     "tenant id",
-    MAX_NAME_LEN
+    MAX_NAME_LEN,
+    []
 );
 name_type!(
     /// The authenticated caller bound to a record.
     Principal,
     "principal",
-    MAX_NAME_LEN
+    MAX_NAME_LEN,
+    []
 );
 name_type!(
     /// Who holds a PROCESSING record or a lease (an instance/task id).
     OwnerId,
     "owner id",
-    MAX_NAME_LEN
+    MAX_NAME_LEN,
+    []
 );
 
 /// Where a key lives: one intent is `(tenant, key)`; the same key string in two
@@ -161,6 +187,30 @@ mod tests {
         check("nul\0", false);
         check("ключ", false);
         check("\u{7f}", false);
+        // Header list and parameter separators: `a,b` is two folded header lines.
+        check("a,b", false);
+        check(",", false);
+        check("abc;x=1", false);
+        check(";", false);
+        check("k=v:a/b?c&d#e@f!$'()*+", true);
+        check("\"quoted\"", true);
+    }
+
+    #[test]
+    fn only_keys_refuse_separators() {
+        assert_eq!(
+            IdempotencyKey::new("pay,order-1"),
+            Err(KeyError::ReservedCharacter {
+                what: "idempotency key",
+                character: ',',
+                position: 3
+            })
+        );
+        let e = IdempotencyKey::new("k;v=1").unwrap_err();
+        assert!(e.to_string().contains("';'"), "{e}");
+        // A principal from authentication may be an LDAP DN.
+        assert!(Principal::new("CN=alice,OU=ops").is_ok());
+        assert!(TenantId::new("t;1").is_ok());
     }
 
     #[test]

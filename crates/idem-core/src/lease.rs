@@ -53,6 +53,15 @@ impl LeaseName {
                     what: "lease name",
                     position,
                 },
+                KeyError::ReservedCharacter {
+                    character,
+                    position,
+                    ..
+                } => KeyError::ReservedCharacter {
+                    what: "lease name",
+                    character,
+                    position,
+                },
             })
     }
 

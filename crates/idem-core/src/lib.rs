@@ -13,7 +13,7 @@ pub mod record;
 pub mod retention;
 pub mod store;
 
-pub use fingerprint::{Fingerprint, Fingerprinter, RequestParts};
+pub use fingerprint::{canonical_path, canonical_query, Fingerprint, Fingerprinter, RequestParts};
 pub use key::{IdempotencyKey, KeyError, OwnerId, Principal, Scope, TenantId};
 pub use lease::{
     Acquire, Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,

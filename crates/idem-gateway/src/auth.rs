@@ -1,20 +1,30 @@
-//! Who is calling: API key → tenant (and principal), from the configuration.
+//! Who is calling: API key → tenant (and principal), or, without API keys, a keyed hash
+//! of the caller's own credential headers.
 //!
 //! The tenant never comes from a header the client sets: it comes from the API key, and
-//! the gateway removes any client-sent tenant header before forwarding. This module does
-//! no I/O.
+//! the gateway removes any client-sent tenant header before forwarding. Without API keys
+//! the principal is `caller-<HMAC-SHA-256 of the credential headers>` under a
+//! per-deployment secret, so a stored result is only replayed to the caller that sent
+//! the same credential, and the raw credential is never stored, logged or counted. API
+//! keys are looked up by their SHA-256 digest, so the lookup's timing says nothing about
+//! how close a guess came. This module does no I/O besides reading the secret's file.
 
 use std::collections::HashMap;
 
+use hmac::{Hmac, Mac};
 use http::header::{HeaderMap, HeaderName, AUTHORIZATION};
 use idem_core::{Principal, TenantId};
+use sha2::{Digest, Sha256};
 
 use crate::config::AuthConfig;
+use crate::error::GatewayError;
 
 /// The tenant of a gateway configured without API keys.
 pub const DEFAULT_TENANT: &str = "default";
-/// The principal of callers without an API key.
+/// The principal of callers without any credential (where anonymous access is allowed).
 pub const ANONYMOUS: &str = "anonymous";
+/// Environment variable read for the principal secret when the file names none.
+pub const PRINCIPAL_SECRET_ENV: &str = "IDEM_GATEWAY_PRINCIPAL_SECRET";
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,11 +36,53 @@ pub struct Identity {
 /// What the request's credentials say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
-    /// No API key was sent.
+    /// No credential was sent.
     Anonymous,
     Known(Identity),
     /// An API key was sent and is not configured (or is malformed).
     Unknown,
+}
+
+/// Without API keys: callers told apart by their credential headers.
+#[derive(Clone)]
+struct Credentials {
+    headers: Vec<HeaderName>,
+    secret: Vec<u8>,
+    tenant: TenantId,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("headers", &self.headers)
+            .field("secret", &"***")
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// `caller-` and 128 bits of the keyed hash: stable per credential, unguessable
+    /// without the secret.
+    fn principal(&self, headers: &HeaderMap) -> Option<Principal> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
+        let mut any = false;
+        for name in &self.headers {
+            mac.update(&(name.as_str().len() as u64).to_be_bytes());
+            mac.update(name.as_str().as_bytes());
+            let values: Vec<&[u8]> = headers.get_all(name).iter().map(|v| v.as_bytes()).collect();
+            any |= !values.is_empty();
+            mac.update(&(values.len() as u64).to_be_bytes());
+            for v in values {
+                mac.update(&(v.len() as u64).to_be_bytes());
+                mac.update(v);
+            }
+        }
+        if !any {
+            return None;
+        }
+        let digest = mac.finalize().into_bytes();
+        Some(Principal::new(format!("caller-{}", hex::encode(&digest[..16]))).expect("valid"))
+    }
 }
 
 /// The compiled API key table.
@@ -38,17 +90,78 @@ pub enum Caller {
 pub struct ApiKeys {
     header: HeaderName,
     bearer: bool,
-    keys: HashMap<String, Identity>,
+    /// SHA-256 of each API key.
+    keys: HashMap<[u8; 32], Identity>,
     strip: bool,
     pub require_on_passthrough: bool,
     anonymous: Option<Identity>,
+    credentials: Option<Credentials>,
+}
+
+fn header_name(s: &str) -> Result<HeaderName, GatewayError> {
+    HeaderName::from_bytes(s.to_ascii_lowercase().as_bytes())
+        .map_err(|_| GatewayError::Config(format!("bad header name {s:?}")))
+}
+
+/// The principal secret: the file's value, its file, the environment, or (only for a
+/// window no other instance shares) a random one.
+fn principal_secret(config: &AuthConfig, shared_window: bool) -> Result<Vec<u8>, GatewayError> {
+    let given = match (&config.principal_secret, &config.principal_secret_file) {
+        (Some(s), _) => Some(s.clone()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| {
+                    GatewayError::Config(format!(
+                        "auth.principal_secret_file {}: {e}",
+                        path.display()
+                    ))
+                })?
+                .trim_end_matches(['\r', '\n'])
+                .to_string(),
+        ),
+        (None, None) => std::env::var(PRINCIPAL_SECRET_ENV).ok(),
+    };
+    match given {
+        Some(s) if s.len() < 16 => Err(GatewayError::Config(
+            "the principal secret must be at least 16 bytes".into(),
+        )),
+        Some(s) => Ok(s.into_bytes()),
+        None if shared_window => Err(GatewayError::Config(format!(
+            "gateways sharing a window without API keys must share a principal secret: set \
+             auth.principal_secret_file (or {PRINCIPAL_SECRET_ENV})"
+        ))),
+        None => {
+            let mut secret = Vec::with_capacity(32);
+            secret.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+            secret.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+            Ok(secret)
+        }
+    }
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
 }
 
 impl ApiKeys {
-    pub fn new(config: &AuthConfig) -> Self {
-        let header = HeaderName::from_bytes(config.header.to_ascii_lowercase().as_bytes())
-            .unwrap_or(HeaderName::from_static("x-api-key"));
-        Self {
+    /// Compiles the table. `shared_window`: other instances read the same records, so a
+    /// random principal secret would not do.
+    pub fn new(config: &AuthConfig, shared_window: bool) -> Result<Self, GatewayError> {
+        let header = header_name(&config.header)?;
+        let credentials = if config.api_keys.is_empty() {
+            Some(Credentials {
+                headers: config
+                    .credential_headers
+                    .iter()
+                    .map(|h| header_name(h))
+                    .collect::<Result<_, _>>()?,
+                secret: principal_secret(config, shared_window)?,
+                tenant: TenantId::new(DEFAULT_TENANT).expect("valid tenant"),
+            })
+        } else {
+            None
+        };
+        Ok(Self {
             bearer: header == AUTHORIZATION,
             header,
             keys: config
@@ -56,7 +169,7 @@ impl ApiKeys {
                 .iter()
                 .map(|(k, e)| {
                     (
-                        k.clone(),
+                        digest(k),
                         Identity {
                             tenant: e.tenant().clone(),
                             principal: e.principal(),
@@ -66,29 +179,30 @@ impl ApiKeys {
                 .collect(),
             strip: config.strip_api_key,
             require_on_passthrough: config.require_on_passthrough,
-            anonymous: config
-                .anonymous_tenant
-                .clone()
-                .or_else(|| {
-                    config
-                        .api_keys
-                        .is_empty()
-                        .then(|| TenantId::new(DEFAULT_TENANT).expect("valid tenant"))
-                })
-                .map(|tenant| Identity {
-                    tenant,
-                    principal: Principal::new(ANONYMOUS).expect("valid principal"),
-                }),
-        }
+            anonymous: config.anonymous_tenant.clone().map(|tenant| Identity {
+                tenant,
+                principal: Principal::new(ANONYMOUS).expect("valid principal"),
+            }),
+            credentials,
+        })
     }
 
-    /// The identity of callers without an API key, if they have one (see
-    /// [`AuthConfig::anonymous_tenant`]).
+    /// The identity of callers without any credential, if anonymous access is
+    /// configured (see [`AuthConfig::anonymous_tenant`]).
     pub fn anonymous(&self) -> Option<&Identity> {
         self.anonymous.as_ref()
     }
 
     pub fn identify(&self, headers: &HeaderMap) -> Caller {
+        if let Some(c) = &self.credentials {
+            return match c.principal(headers) {
+                Some(principal) => Caller::Known(Identity {
+                    tenant: c.tenant.clone(),
+                    principal,
+                }),
+                None => Caller::Anonymous,
+            };
+        }
         let mut values = headers.get_all(&self.header).iter();
         let Some(value) = values.next() else {
             return Caller::Anonymous;
@@ -107,15 +221,51 @@ impl ApiKeys {
         } else {
             text.trim()
         };
-        match self.keys.get(key) {
+        match self.keys.get(&digest(key)) {
             Some(id) => Caller::Known(id.clone()),
             None => Caller::Unknown,
+        }
+    }
+
+    /// The tenant a key's window record is kept under. With API keys, the key's
+    /// tenant. Without them every caller is tenant `default` upstream, but each caller's
+    /// keys live apart in the window (two callers may well pick the same business
+    /// key): the partition is the caller's principal.
+    pub fn window_tenant(&self, identity: &Identity) -> TenantId {
+        if self.credentials.is_some() && identity.principal.as_str() != ANONYMOUS {
+            TenantId::new(identity.principal.as_str()).expect("a principal is a valid tenant id")
+        } else {
+            identity.tenant.clone()
         }
     }
 
     /// Whether `name` is the credential header that [`ApiKeys::strip`] removes.
     pub fn is_credential(&self, name: &HeaderName) -> bool {
         self.strip && *name == self.header
+    }
+
+    /// Whether `name` carries who the caller is (the API key header or a credential
+    /// header): such a field must reach the upstream and the state query unchanged.
+    pub fn identifies(&self, name: &HeaderName) -> bool {
+        *name == self.header
+            || self
+                .credentials
+                .as_ref()
+                .is_some_and(|c| c.headers.contains(name))
+    }
+
+    /// The credential headers a state query repeats to authenticate as the caller:
+    /// those forwarded upstream (a stripped API key is the gateway's, not the
+    /// upstream's).
+    pub fn forwarded_credentials(&self) -> Vec<HeaderName> {
+        let mut out: Vec<HeaderName> = match &self.credentials {
+            Some(c) => c.headers.clone(),
+            None => vec![AUTHORIZATION, http::header::COOKIE],
+        };
+        if self.strip {
+            out.retain(|h| *h != self.header);
+        }
+        out
     }
 
     /// Removes the credential before forwarding, when configured to.
@@ -141,7 +291,7 @@ mod tests {
             "k1".into(),
             ApiKeyEntry::Tenant(TenantId::new("t1").unwrap()),
         );
-        ApiKeys::new(&c)
+        ApiKeys::new(&c, false).unwrap()
     }
 
     fn check(t: &ApiKeys, name: &str, values: &[&str], want: Option<Option<&str>>) {
@@ -175,10 +325,11 @@ mod tests {
 
     #[test]
     fn anonymous_callers() {
-        // No keys at all: single tenant.
-        let open = ApiKeys::new(&AuthConfig::default());
-        assert_eq!(open.anonymous().unwrap().tenant.as_str(), DEFAULT_TENANT);
-        // Keys configured: anonymous only when asked for.
+        // No keys: callers without a credential are anonymous, and have no identity
+        // unless anonymous access is configured.
+        let open = ApiKeys::new(&AuthConfig::default(), false).unwrap();
+        assert_eq!(open.identify(&HeaderMap::new()), Caller::Anonymous);
+        assert!(open.anonymous().is_none());
         assert!(table("x-api-key").anonymous().is_none());
         let mut c = AuthConfig::default();
         c.api_keys.insert(
@@ -187,9 +338,97 @@ mod tests {
         );
         c.anonymous_tenant = Some(TenantId::new("public").unwrap());
         assert_eq!(
-            ApiKeys::new(&c).anonymous().unwrap().tenant.as_str(),
+            ApiKeys::new(&c, false)
+                .unwrap()
+                .anonymous()
+                .unwrap()
+                .tenant
+                .as_str(),
             "public"
         );
+    }
+
+    fn principal_of(t: &ApiKeys, headers: &[(&str, &str)]) -> Option<String> {
+        let mut h = HeaderMap::new();
+        for (n, v) in headers {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        match t.identify(&h) {
+            Caller::Known(id) => {
+                assert_eq!(id.tenant.as_str(), DEFAULT_TENANT);
+                Some(id.principal.as_str().to_string())
+            }
+            Caller::Anonymous => None,
+            Caller::Unknown => panic!("no API keys: nothing is unknown"),
+        }
+    }
+
+    #[test]
+    fn credential_headers_make_the_principal() {
+        let mut c = AuthConfig {
+            principal_secret: Some("0123456789abcdef-secret".into()),
+            ..AuthConfig::default()
+        };
+        let t = ApiKeys::new(&c, true).unwrap();
+        let alice = principal_of(&t, &[("authorization", "Bearer alice-token")]).unwrap();
+        assert!(alice.starts_with("caller-") && alice.len() == 39, "{alice}");
+        assert!(!alice.contains("alice"), "the raw credential never shows");
+        assert_eq!(
+            principal_of(&t, &[("Authorization", "Bearer alice-token")]).as_deref(),
+            Some(alice.as_str()),
+            "stable"
+        );
+        let bob = principal_of(&t, &[("authorization", "Bearer bob-token")]).unwrap();
+        assert_ne!(alice, bob);
+        let cookie = principal_of(&t, &[("cookie", "sid=1")]).unwrap();
+        let both = principal_of(
+            &t,
+            &[("authorization", "Bearer alice-token"), ("cookie", "sid=1")],
+        );
+        assert_ne!(Some(cookie.clone()), both);
+        assert_ne!(Some(alice.clone()), both);
+        assert_eq!(principal_of(&t, &[("x-other", "1")]), None);
+        // Another deployment's secret: other principals for the same credential.
+        c.principal_secret = Some("another-secret-of-16".into());
+        let other = ApiKeys::new(&c, true).unwrap();
+        assert_ne!(
+            principal_of(&other, &[("authorization", "Bearer alice-token")]).unwrap(),
+            alice
+        );
+        // A shared window needs a shared secret.
+        assert!(ApiKeys::new(&AuthConfig::default(), true).is_err());
+        // Two single gateways pick their own random secrets.
+        let a = ApiKeys::new(&AuthConfig::default(), false).unwrap();
+        let b = ApiKeys::new(&AuthConfig::default(), false).unwrap();
+        assert_ne!(
+            principal_of(&a, &[("cookie", "sid=1")]),
+            principal_of(&b, &[("cookie", "sid=1")])
+        );
+    }
+
+    #[test]
+    fn secret_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "file-secret-0123456789\n").unwrap();
+        let from_file = AuthConfig {
+            principal_secret_file: Some(path.clone()),
+            ..AuthConfig::default()
+        };
+        let inline = AuthConfig {
+            principal_secret: Some("file-secret-0123456789".into()),
+            ..AuthConfig::default()
+        };
+        let h = [("authorization", "Bearer x")];
+        assert_eq!(
+            principal_of(&ApiKeys::new(&from_file, true).unwrap(), &h),
+            principal_of(&ApiKeys::new(&inline, true).unwrap(), &h)
+        );
+        std::fs::write(&path, "short").unwrap();
+        assert!(ApiKeys::new(&from_file, true).is_err());
     }
 
     #[test]

@@ -90,6 +90,19 @@ pub struct GatewayConfig {
     pub admin_prefix: String,
     /// Name of this instance in logs and record owners; `None` picks `gw-<uuid>`.
     pub instance_id: Option<String>,
+    /// Response headers that belong to one caller (`Set-Cookie`, say): the caller whose
+    /// request executed gets them; they are never stored in the window and never
+    /// replayed to a duplicate. Compared case-insensitively; `set-cookie` is always
+    /// included.
+    pub per_caller_response_headers: Vec<String>,
+    /// Peers (addresses or CIDR blocks, `10.0.0.0/8`) whose `X-Forwarded-For`,
+    /// `X-Forwarded-Host` and `X-Forwarded-Proto` the gateway keeps and extends. From
+    /// anyone else those fields are replaced: the upstream sees the peer address only.
+    pub trusted_proxies: Vec<String>,
+    /// After a shutdown signal: how long requests in flight may take to finish. Past
+    /// it, keyed executions still running are ended as retryable in the window (the
+    /// key is free at once instead of after its lease).
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -125,6 +138,9 @@ impl Default for GatewayConfig {
             outcome_policy: OutcomePolicy::default(),
             admin_prefix: "/_idem".into(),
             instance_id: None,
+            per_caller_response_headers: vec!["set-cookie".into()],
+            trusted_proxies: Vec::new(),
+            shutdown_grace_ms: 10_000,
         }
     }
 }
@@ -152,7 +168,9 @@ pub struct AuthConfig {
     /// Header carrying the API key. `authorization` expects `Bearer <key>`; any other
     /// header carries the key as its whole value.
     pub header: String,
-    /// API key → tenant (a string) or `{"tenant": …, "principal": …}`.
+    /// API key → tenant (a string) or `{"tenant": …, "principal": …}`. A key listed
+    /// twice is refused (it would stand for two tenants).
+    #[serde(deserialize_with = "unique_keys")]
     pub api_keys: BTreeMap<String, ApiKeyEntry>,
     /// Also require a known API key on pass-through routes (default: only keyed routes
     /// need one; an unknown key is refused everywhere).
@@ -160,11 +178,47 @@ pub struct AuthConfig {
     /// Remove the API key header before forwarding (default true: it is the gateway's
     /// credential, not the upstream's).
     pub strip_api_key: bool,
-    /// Tenant for callers without an API key. When no API keys are configured at all,
-    /// the gateway is single-tenant and callers without a key are tenant `default`;
-    /// once keys are configured, callers without one are refused on keyed routes unless
-    /// this is set.
+    /// Tenant for callers without any credential. Keyed routes refuse such callers
+    /// (401) unless this is set: anonymous access is a choice, never a default.
     pub anonymous_tenant: Option<TenantId>,
+    /// Without `api_keys`, the caller is whoever these request headers say (the
+    /// upstream's own credential): the principal is a keyed hash of their values, so
+    /// two callers never share a stored result. Default `authorization`, `cookie`.
+    pub credential_headers: Vec<String>,
+    /// The per-deployment secret of that hash (at least 16 bytes). Gateways sharing a
+    /// window must share it; a single in-memory gateway makes a random one at start.
+    /// Also read from `principal_secret_file` or `IDEM_GATEWAY_PRINCIPAL_SECRET`.
+    pub principal_secret: Option<String>,
+    /// A file holding `principal_secret` (trailing newline ignored).
+    pub principal_secret_file: Option<std::path::PathBuf>,
+}
+
+/// Refuses a JSON object that names one API key twice (serde would keep the last).
+fn unique_keys<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, ApiKeyEntry>, D::Error> {
+    struct Unique;
+    impl<'de> serde::de::Visitor<'de> for Unique {
+        type Value = BTreeMap<String, ApiKeyEntry>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object of API key to tenant")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((k, v)) = map.next_entry::<String, ApiKeyEntry>()? {
+                if out.insert(k, v).is_some() {
+                    return Err(serde::de::Error::custom(
+                        "an API key is listed twice in auth.api_keys",
+                    ));
+                }
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Unique)
 }
 
 impl Default for AuthConfig {
@@ -175,6 +229,9 @@ impl Default for AuthConfig {
             require_on_passthrough: false,
             strip_api_key: true,
             anonymous_tenant: None,
+            credential_headers: vec!["authorization".into(), "cookie".into()],
+            principal_secret: None,
+            principal_secret_file: None,
         }
     }
 }
@@ -308,6 +365,7 @@ impl GatewayConfig {
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("redis_timeout_ms", self.redis_timeout_ms),
             ("state_query.timeout_ms", self.state_query.timeout_ms),
+            ("shutdown_grace_ms", self.shutdown_grace_ms),
         ] {
             if v == 0 {
                 return bad(format!("{name} must be positive"));
@@ -328,9 +386,38 @@ impl GatewayConfig {
             ("tenant_header", &self.tenant_header),
             ("principal_header", &self.principal_header),
             ("auth.header", &self.auth.header),
-        ] {
+        ]
+        .into_iter()
+        .chain(
+            self.auth
+                .credential_headers
+                .iter()
+                .map(|h| ("auth.credential_headers", h)),
+        )
+        .chain(
+            self.per_caller_response_headers
+                .iter()
+                .map(|h| ("per_caller_response_headers", h)),
+        ) {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 return bad(format!("{what} {name:?} is not a header name"));
+            }
+        }
+        for p in &self.trusted_proxies {
+            if crate::forwarded::IpNet::parse(p).is_none() {
+                return bad(format!(
+                    "trusted_proxies: {p:?} is not an address or CIDR block"
+                ));
+            }
+        }
+        if self.auth.principal_secret.is_some() && self.auth.principal_secret_file.is_some() {
+            return bad(
+                "give auth.principal_secret or auth.principal_secret_file, not both".into(),
+            );
+        }
+        if let Some(s) = &self.auth.principal_secret {
+            if s.len() < 16 {
+                return bad("auth.principal_secret must be at least 16 bytes".into());
             }
         }
         if let Some(token) = &self.upstream_token {
@@ -376,6 +463,9 @@ impl GatewayConfig {
     }
     pub fn state_query_timeout(&self) -> Duration {
         ms(self.state_query.timeout_ms)
+    }
+    pub fn shutdown_grace(&self) -> Duration {
+        ms(self.shutdown_grace_ms)
     }
 }
 
@@ -435,6 +525,10 @@ mod tests {
             r#"{"upstream": "http://x", "auth": {"api_keys": {"k": ""}}}"#,
             r#"{"upstream": "http://x", "state_query": {"path": "/no-key"}}"#,
             r#"{"upstream": "http://x", "redis_prefix": "a{b}"}"#,
+            r#"{"upstream": "http://x", "auth": {"api_keys": {"k": "t1", "k": "t2"}}}"#,
+            r#"{"upstream": "http://x", "auth": {"principal_secret": "short"}}"#,
+            r#"{"upstream": "http://x", "trusted_proxies": ["10.0.0.0/33"]}"#,
+            r#"{"upstream": "http://x", "auth": {"credential_headers": ["a b"]}}"#,
         ] {
             assert!(GatewayConfig::from_json(bad).is_err(), "{bad}");
         }

@@ -143,7 +143,14 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
                     scope: req.scope.clone(),
                     tx,
                 };
-                tokio::spawn(fly(ctx.clone(), req, guard));
+                let span = tracing::info_span!(
+                    "keyed",
+                    request_id = crate::service::request_id().as_deref().unwrap_or("-")
+                );
+                tokio::spawn(tracing::Instrument::instrument(
+                    fly(ctx.clone(), req, guard),
+                    span,
+                ));
                 (rx, true)
             }
         }
@@ -167,6 +174,11 @@ fn respond(ctx: &Ctx, outcome: &Outcome, follower: bool) -> Response<Body> {
         Outcome::Response { captured, replayed } => {
             let mut r = captured.to_response();
             if *replayed || follower {
+                // Another caller's request executed (or a stored copy answers): what
+                // belonged to that one exchange stays with it.
+                for h in &ctx.per_caller {
+                    r.headers_mut().remove(h);
+                }
                 r.headers_mut()
                     .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
             }
@@ -195,6 +207,19 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
     let mut counted = false;
     loop {
         match ctx.window.claim(&claim).await {
+            Err(e) if !ctx.window.is_shared() => {
+                // The in-memory window is full: forwarding would turn de-duplication
+                // off silently, so new keys are refused until records expire.
+                ctx.metrics.window_full();
+                return Outcome::Problem(
+                    Problem::new(
+                        ProblemKind::StoreUnavailable,
+                        "the gateway's short window is full; retry with the same key later",
+                    )
+                    .cause(e.to_string())
+                    .retry_after(Duration::from_secs(1)),
+                );
+            }
             Err(e) => {
                 if e.is_unavailable() {
                     tracing::debug!(scope = %req.scope, error = %e, "window unreachable; forwarding with the key");
@@ -204,7 +229,10 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
                 ctx.metrics.degraded_request();
                 return forward(ctx, req).await.outcome;
             }
-            Ok(Claim::Proceed(token)) => return execute(ctx, req, token).await,
+            Ok(Claim::Proceed(token)) => {
+                ctx.metrics.window_admitted();
+                return execute(ctx, req, token).await;
+            }
             Ok(Claim::Replay(record)) => {
                 ctx.metrics.window_hit();
                 return match record.result.as_ref().and_then(Captured::from_stored) {
@@ -268,9 +296,23 @@ async fn execute(ctx: &Arc<Ctx>, req: &KeyedRequest, token: ClaimToken) -> Outco
     let work = forward(ctx, req);
     tokio::pin!(work);
     let mut beat = tokio::time::interval_at(Instant::now() + every, every);
+    let mut cut_off = ctx.cut_off.subscribe();
     let resolution = loop {
         tokio::select! {
             r = &mut work => break r,
+            _ = async { cut_off.wait_for(|c| *c).await.map(|_| ()) } => {
+                // Shutting down past the grace: free the key now rather than when the
+                // lease runs out. The upstream may still complete; its own record
+                // answers a retry.
+                tracing::warn!(scope = %req.scope, "shutdown grace over; ending the execution as retryable");
+                break Resolution::problem(
+                    Problem::new(
+                        ProblemType::UpstreamResultUnknown,
+                        "the gateway shut down before the upstream answered; retry with the same key",
+                    )
+                    .retry_after(Duration::from_secs(1)),
+                );
+            }
             _ = beat.tick() => {
                 if let Err(e) = ctx.window.extend(&token, lease).await {
                     tracing::warn!(scope = %req.scope, error = %e, "lease heartbeat failed");
@@ -318,11 +360,16 @@ impl Resolution {
             .config
             .outcome_policy
             .classify(Ending::Status(captured.status.as_u16()));
-        let keep = state.is_terminal() && captured.body.len() <= ctx.config.max_stored_bytes;
+        // "Who are you" answers are about the credential, not the intent: the key stays
+        // free for the caller who can authenticate.
+        let identity_answer = matches!(captured.status.as_u16(), 401 | 403 | 407 | 511);
+        let keep = state.is_terminal()
+            && !identity_answer
+            && captured.body.len() <= ctx.config.max_stored_bytes;
         let finish = if keep {
             Finish {
                 state,
-                result: Some(captured.to_stored()),
+                result: Some(captured.to_stored(&ctx.per_caller)),
             }
         } else {
             Finish {
@@ -347,17 +394,23 @@ impl Resolution {
     }
 }
 
-/// The headers a state query carries: the identity the gateway set and the key.
+/// The headers a state query carries: the identity the gateway set, the caller's own
+/// forwarded credential (the upstream authenticates the query as that caller) and the
+/// key.
 fn state_query_headers(ctx: &Ctx, headers: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
     for name in [
         &ctx.tenant_header,
         &ctx.principal_header,
         &crate::service::GATEWAY_TOKEN,
+        &crate::service::X_REQUEST_ID,
         &IDEMPOTENCY_KEY,
-    ] {
-        if let Some(v) = headers.get(name) {
-            out.insert(name.clone(), v.clone());
+    ]
+    .into_iter()
+    .chain(&ctx.state_credentials)
+    {
+        for v in headers.get_all(name) {
+            out.append(name.clone(), v.clone());
         }
     }
     out
@@ -383,8 +436,9 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
                 return Resolution::problem(
                     Problem::new(
                         ProblemType::UpstreamUnavailable,
-                        format!("the upstream could not be reached: {e}"),
+                        "the upstream could not be reached; the request was not sent",
                     )
+                    .cause(e)
                     .retry_after(Duration::from_secs(1)),
                 )
             }
@@ -400,60 +454,90 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
             Exchange::Uncertain(why) => {
                 ctx.metrics.uncertain();
                 tracing::warn!(scope = %req.scope, reason = %why, "uncertain upstream result; asking the upstream for the key's state");
-                let state = ctx
-                    .upstream
-                    .query_state(
-                        &ctx.state_method,
-                        &ctx.config.state_query.path,
-                        req.scope.key.as_str(),
-                        &state_query_headers(ctx, &req.headers),
-                        ctx.config.state_query_timeout(),
-                    )
-                    .await;
-                match state {
-                    Ok(KeyState::Done(captured)) => {
-                        ctx.metrics.state_query("succeeded");
-                        return Resolution::response(ctx, captured, true);
-                    }
-                    Ok(KeyState::Processing { retry_after }) => {
-                        ctx.metrics.state_query("processing");
-                        return Resolution::problem(
-                            Problem::new(
-                                ProblemKind::RequestInProgress,
-                                "the upstream is still processing this key",
-                            )
-                            .retry_after(retry_after.unwrap_or(Duration::from_secs(1))),
-                        );
-                    }
-                    Ok(KeyState::Absent) => {
-                        ctx.metrics.state_query("absent");
-                        if resends_left == 0 {
-                            return Resolution::problem(
-                                Problem::new(
-                                    ProblemType::UpstreamResultUnknown,
-                                    format!("the upstream did not complete the request ({why}) and reports the key absent; retry with the same key"),
-                                )
-                                .retry_after(Duration::from_secs(1)),
-                            );
-                        }
+                match settle(ctx, req, &why).await {
+                    Settled::Done(r) => return *r,
+                    Settled::Absent if resends_left > 0 => {
                         resends_left -= 1;
                         ctx.metrics.resend();
                         ctx.metrics.upstream_call("keyed");
                         tracing::info!(scope = %req.scope, "upstream reports the key absent; re-sending with the same key");
                         exchange = send().await;
                     }
-                    Err(e) => {
-                        ctx.metrics.state_query("error");
-                        tracing::warn!(scope = %req.scope, error = %e, "key state query failed; not re-sending");
+                    Settled::Absent => {
                         return Resolution::problem(
                             Problem::new(
                                 ProblemType::UpstreamResultUnknown,
-                                format!("{why}; the key's state could not be read ({e})"),
+                                "the upstream did not complete the request and reports the key absent; retry with the same key",
                             )
+                            .cause(why)
                             .retry_after(Duration::from_secs(1)),
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+enum Settled {
+    Done(Box<Resolution>),
+    /// The upstream has no record of the key: a re-send with the same key is safe.
+    Absent,
+}
+
+/// Asks the upstream for the key's state after an uncertain exchange. While it reports
+/// the key in progress (the first attempt is still running there, say after a pause),
+/// asks again until the duplicate wait runs out: the business state decides, never a
+/// new key.
+async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str) -> Settled {
+    let deadline = Instant::now() + ctx.config.max_wait();
+    loop {
+        let state = ctx
+            .upstream
+            .query_state(
+                &ctx.state_method,
+                &ctx.config.state_query.path,
+                req.scope.key.as_str(),
+                &state_query_headers(ctx, &req.headers),
+                ctx.config.state_query_timeout(),
+            )
+            .await;
+        match state {
+            Ok(KeyState::Done(captured)) => {
+                ctx.metrics.state_query("succeeded");
+                return Settled::Done(Box::new(Resolution::response(ctx, captured, true)));
+            }
+            Ok(KeyState::Processing { retry_after }) => {
+                ctx.metrics.state_query("processing");
+                let pause = retry_after
+                    .unwrap_or(Duration::from_millis(200))
+                    .clamp(Duration::from_millis(50), Duration::from_secs(1));
+                if Instant::now() + pause >= deadline {
+                    return Settled::Done(Box::new(Resolution::problem(
+                        Problem::new(
+                            ProblemKind::RequestInProgress,
+                            "the upstream is still processing this key",
+                        )
+                        .retry_after(retry_after.unwrap_or(Duration::from_secs(1))),
+                    )));
+                }
+                tokio::time::sleep(pause).await;
+            }
+            Ok(KeyState::Absent) => {
+                ctx.metrics.state_query("absent");
+                return Settled::Absent;
+            }
+            Err(e) => {
+                ctx.metrics.state_query("error");
+                tracing::warn!(scope = %req.scope, error = %e, "key state query failed; not re-sending");
+                return Settled::Done(Box::new(Resolution::problem(
+                    Problem::new(
+                        ProblemType::UpstreamResultUnknown,
+                        "the outcome is unknown and the key's state could not be read; retry with the same key",
+                    )
+                    .cause(format!("{why}; state query: {e}"))
+                    .retry_after(Duration::from_secs(1)),
+                )));
             }
         }
     }

@@ -1,7 +1,7 @@
 //! idem gateway: a reverse proxy that requires idempotency keys, coalesces duplicates,
 //! keeps completed responses for a short window, and never mints a key.
 //!
-//! It is the first of idem's two layers (BRIEF §3): it absorbs short bursts of duplicates
+//! It is the first of idem's two layers: it absorbs short bursts of duplicates
 //! (double clicks, client retries, concurrent resends) in front of any HTTP service. The
 //! business service behind it stays the source of truth; the gateway passes every key
 //! through unchanged and, when it cannot know an outcome, asks that service instead of
@@ -9,12 +9,23 @@
 //!
 //! | a request on a keyed route | gets |
 //! |---|---|
+//! | no credential (no API key; without API keys, none of the credential headers) | 401, unless anonymous access is configured |
+//! | a `Connection` header naming the key, a credential or a fingerprinted header | 400 |
 //! | no `Idempotency-Key` | 400 |
 //! | a key while the same key (same request) is in flight, here or on another instance | waits, then the same response with `Idempotent-Replayed: true` |
 //! | the same key with a different payload | 422 at once |
 //! | a key whose response is in the window | the stored response, replayed |
 //! | a new key | one upstream call; its response is kept for the window |
-//! | an upstream timeout after sending | the upstream's key state: the stored response, 409 + `Retry-After`, or a bounded re-send with the same key |
+//! | a new key while the in-memory window is full | 503 + `Retry-After`; health reports degraded |
+//! | an upstream timeout after sending | the upstream's key state, asked again while it reports the key in progress: the stored response, 409 + `Retry-After` once the wait runs out, or a bounded re-send with the same key |
+//!
+//! Results are kept per caller: with API keys, per key's tenant and principal; without,
+//! per keyed hash (HMAC-SHA-256, a per-deployment secret) of the caller's credential
+//! headers (`Authorization`, `Cookie`), so nobody is replayed another caller's answer.
+//! Per-caller response headers (`Set-Cookie` and a configured list) reach only the caller
+//! whose request executed; 401/403/407/511 answers are never kept, so the key stays free.
+//! Problem details say what happened in stable words plus a `request_id` (also in
+//! `X-Request-Id`); the cause (addresses, OS errors) goes to the log under that id.
 //!
 //! Routes without a key rule stream through untouched. With `redis_url` the window, the
 //! in-flight markers (with leases) and the wake-ups (pub/sub) live in Redis and many
@@ -28,9 +39,14 @@
 //!   (names configurable). Client-sent copies are removed, so the upstream may trust them
 //!   from the gateway; `upstream_token` adds `x-idem-gateway-token` to prove the sender.
 //! - Hop-by-hop fields removed (RFC 9110 §7.6.1), `Host` set to the upstream,
-//!   `X-Forwarded-For` / `X-Forwarded-Host` added, the API key removed.
+//!   `X-Forwarded-For` / `X-Forwarded-Host` set, the API key removed. Client-sent
+//!   `X-Forwarded-*` and `Forwarded` are kept (and extended) only from peers listed in
+//!   `trusted_proxies`; from anyone else the upstream sees the peer address alone.
+//! - The caller's own credential headers, unchanged (they are the upstream's to
+//!   check), and `X-Request-Id`.
 //! - For uncertain results, a key state endpoint (default
-//!   `GET /v1/idempotency-keys/{key}`, same identity headers) answering JSON such as
+//!   `GET /v1/idempotency-keys/{key}`, same identity headers and the caller's forwarded
+//!   credential, so it authenticates as the original caller) answering JSON such as
 //!   `{"state": "SUCCEEDED", "response": {"status": 201, "headers": [["content-type",
 //!   "application/json"]], "body": "…"}}`, `{"state": "PROCESSING"}` or (200 or 404)
 //!   `{"state": "ABSENT"}`; see [`upstream::parse_key_state`]. A 404 without a state is
@@ -56,6 +72,7 @@ pub mod bench;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod forwarded;
 pub mod hop;
 mod keyed;
 mod lazy;
@@ -90,11 +107,12 @@ pub use problem::{Problem, ProblemType};
 pub use routes::KeyRule;
 pub use service::GATEWAY_TOKEN;
 
-/// How long open connections may finish their requests after shutdown begins.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long executions cut off at the end of the grace get to record their end.
+const CUT_OFF_GRACE: Duration = Duration::from_secs(2);
 
 /// Serves until `shutdown` resolves, then drains open connections (bounded by
-/// [`SHUTDOWN_GRACE`]).
+/// [`GatewayConfig::shutdown_grace_ms`]); keyed executions still running past it end
+/// as retryable in the window.
 pub async fn run(
     config: GatewayConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -238,11 +256,25 @@ async fn serve(
     }
     drop(listener);
     tracing::info!("idem gateway shutting down");
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    if tokio::time::timeout(ctx.config.shutdown_grace(), &mut drained)
         .await
         .is_err()
     {
-        tracing::warn!("connections still open after the shutdown grace period; closing");
+        tracing::warn!(
+            in_flight = ctx.flights.len(),
+            "requests still running after the shutdown grace period; ending them as retryable"
+        );
+        // Executions record their end and their callers get an answer; then the
+        // connections close.
+        ctx.cut_off.send_replace(true);
+        if tokio::time::timeout(CUT_OFF_GRACE, &mut drained)
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the cut-off; closing");
+        }
     }
     Ok(())
 }

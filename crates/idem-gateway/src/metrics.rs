@@ -39,6 +39,8 @@ pub struct GatewayMetrics {
     problems: Family<Labels, Counter>,
     degraded: Gauge<i64, AtomicI64>,
     degraded_requests: Counter,
+    window_full: Gauge<i64, AtomicI64>,
+    window_full_refusals: Counter,
     /// Hot-path handles into the families above (no label hashing per request).
     hot: [Counter; 5],
 }
@@ -72,6 +74,8 @@ impl GatewayMetrics {
             problems: Family::default(),
             degraded: Gauge::default(),
             degraded_requests: Counter::default(),
+            window_full: Gauge::default(),
+            window_full_refusals: Counter::default(),
             hot: Default::default(),
         };
         registry.register("requests", "Requests received", m.requests.clone());
@@ -115,6 +119,16 @@ impl GatewayMetrics {
             "degraded_requests",
             "Keyed requests forwarded without the window",
             m.degraded_requests.clone(),
+        );
+        registry.register(
+            "window_full",
+            "1 while the in-memory window is full and refuses new keys (503)",
+            m.window_full.clone(),
+        );
+        registry.register(
+            "window_full_refusals",
+            "New keys refused because the in-memory window was full",
+            m.window_full_refusals.clone(),
         );
         // Through a function: each family read guard is gone before the next
         // get_or_create takes the write lock (in one array literal they would all live
@@ -170,6 +184,22 @@ impl GatewayMetrics {
     }
     pub(crate) fn degraded_request(&self) {
         self.degraded_requests.inc();
+    }
+    pub(crate) fn window_full(&self) {
+        self.window_full.set(1);
+        self.window_full_refusals.inc();
+    }
+    /// A new key was admitted: the window has room again.
+    pub(crate) fn window_admitted(&self) {
+        if self.window_full.get() != 0 {
+            self.window_full.set(0);
+        }
+    }
+    pub fn is_window_full(&self) -> bool {
+        self.window_full.get() != 0
+    }
+    pub fn window_full_refusals(&self) -> u64 {
+        self.window_full_refusals.get()
     }
 
     pub fn requests(&self, route: &'static str) -> u64 {

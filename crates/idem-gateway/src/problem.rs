@@ -36,16 +36,20 @@ pub enum ProblemType {
     RequestTimeout,
     /// 404: an unknown path under the gateway's admin prefix.
     NotFound,
+    /// 400: the request's `Connection` names a header the gateway must forward (the
+    /// key, a credential): dropping it as hop-by-hop would change what is executed.
+    ConnectionNamesEndToEnd,
 }
 
 impl ProblemType {
-    pub const GATEWAY: [ProblemType; 6] = [
+    pub const GATEWAY: [ProblemType; 7] = [
         ProblemType::UpstreamUnavailable,
         ProblemType::UpstreamTimeout,
         ProblemType::UpstreamResultUnknown,
         ProblemType::UpstreamResponseTooLarge,
         ProblemType::RequestTimeout,
         ProblemType::NotFound,
+        ProblemType::ConnectionNamesEndToEnd,
     ];
 
     pub fn slug(self) -> &'static str {
@@ -57,6 +61,7 @@ impl ProblemType {
             ProblemType::UpstreamResponseTooLarge => "upstream-response-too-large",
             ProblemType::RequestTimeout => "request-timeout",
             ProblemType::NotFound => "not-found",
+            ProblemType::ConnectionNamesEndToEnd => "connection-names-end-to-end-header",
         }
     }
 
@@ -78,6 +83,7 @@ impl ProblemType {
             }
             ProblemType::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemType::NotFound => StatusCode::NOT_FOUND,
+            ProblemType::ConnectionNamesEndToEnd => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -92,6 +98,7 @@ impl ProblemType {
             ProblemType::UpstreamResponseTooLarge => "The upstream response is too large",
             ProblemType::RequestTimeout => "The request body was not received in time",
             ProblemType::NotFound => "Not found",
+            ProblemType::ConnectionNamesEndToEnd => "Connection names an end-to-end header",
         }
     }
 }
@@ -106,9 +113,12 @@ impl From<ProblemKind> for ProblemType {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     pub kind: ProblemType,
+    /// A stable text for the client: never an address, an OS error or a store's message.
     pub detail: String,
     /// Sent as `Retry-After` (whole seconds, rounded up, at least 1).
     pub retry_after: Option<Duration>,
+    /// What actually went wrong, for the log line beside the request id; never sent.
+    pub cause: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -118,6 +128,8 @@ struct Wire<'a> {
     title: &'a str,
     status: u16,
     detail: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
 }
 
 impl Problem {
@@ -126,7 +138,14 @@ impl Problem {
             kind: kind.into(),
             detail: detail.into(),
             retry_after: None,
+            cause: None,
         }
+    }
+
+    /// Keeps the internal cause for the log (see [`Problem::cause`]).
+    pub fn cause(mut self, cause: impl Into<String>) -> Self {
+        self.cause = Some(cause.into());
+        self
     }
 
     pub fn retry_after(mut self, after: Duration) -> Self {
@@ -135,17 +154,27 @@ impl Problem {
     }
 
     pub fn body(&self) -> Vec<u8> {
+        self.body_for(None)
+    }
+
+    fn body_for(&self, request_id: Option<&str>) -> Vec<u8> {
         serde_json::to_vec(&Wire {
             type_uri: self.kind.type_uri(),
             title: self.kind.title(),
             status: self.kind.status().as_u16(),
             detail: &self.detail,
+            request_id,
         })
         .unwrap_or_default()
     }
 
     pub fn to_response(&self) -> Response<Body> {
-        let mut response = Response::new(full(self.body()));
+        self.to_response_for(None)
+    }
+
+    /// The response, naming the request id the log line carries.
+    pub fn to_response_for(&self, request_id: Option<&str>) -> Response<Body> {
+        let mut response = Response::new(full(self.body_for(request_id)));
         *response.status_mut() = self.kind.status();
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));

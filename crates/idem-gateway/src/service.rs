@@ -10,7 +10,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE,
+    COOKIE, FORWARDED, HOST,
+};
 use http::{Method, Request, Response, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
@@ -22,6 +25,7 @@ use crate::auth::{ApiKeys, Caller, Identity};
 use crate::body::{empty, full, read_limited, Body, IdleTimeout, ReadError};
 use crate::config::GatewayConfig;
 use crate::error::GatewayError;
+use crate::forwarded::TrustedProxies;
 use crate::keyed::{self, Flights, KeyedRequest};
 use crate::metrics::GatewayMetrics;
 use crate::problem::{Problem, ProblemKind, ProblemType};
@@ -33,6 +37,35 @@ use crate::window::Window;
 pub const GATEWAY_TOKEN: HeaderName = HeaderName::from_static("x-idem-gateway-token");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// Correlates a client's answer with the gateway's log line (and the upstream's).
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+tokio::task_local! {
+    /// The request id of the arrival this task answers.
+    static REQUEST_ID: Arc<str>;
+}
+
+/// The current arrival's request id (`None` outside a request).
+pub(crate) fn request_id() -> Option<Arc<str>> {
+    REQUEST_ID.try_with(Arc::clone).ok()
+}
+
+/// A client's own `X-Request-Id` when it is short and plain, else a fresh one.
+fn request_id_of(headers: &HeaderMap) -> Arc<str> {
+    headers
+        .get(&X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            (1..=64).contains(&v.len())
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        })
+        .map_or_else(
+            || Arc::from(uuid::Uuid::new_v4().simple().to_string()),
+            Arc::from,
+        )
+}
 
 /// Everything a request needs, shared by all connections of one gateway.
 pub(crate) struct Ctx {
@@ -50,6 +83,13 @@ pub(crate) struct Ctx {
     pub token: Option<HeaderValue>,
     pub state_method: Method,
     upstream_host: HeaderValue,
+    /// Response headers never stored or replayed (always `set-cookie`).
+    pub per_caller: Vec<HeaderName>,
+    /// Request headers a state query repeats to authenticate as the caller.
+    pub state_credentials: Vec<HeaderName>,
+    proxies: TrustedProxies,
+    /// Set once the shutdown grace has run out: executions still running end now.
+    pub cut_off: tokio::sync::watch::Sender<bool>,
 }
 
 impl Ctx {
@@ -80,10 +120,22 @@ impl Ctx {
         let base = UpstreamBase::parse(&config.upstream)?;
         let upstream_host = HeaderValue::from_str(base.authority().as_str())
             .map_err(|_| GatewayError::Config("bad upstream authority".into()))?;
+        let auth = ApiKeys::new(&config.auth, config.redis_url.is_some())?;
+        let mut per_caller = vec![http::header::SET_COOKIE];
+        for h in &config.per_caller_response_headers {
+            let h = header(h)?;
+            if !per_caller.contains(&h) {
+                per_caller.push(h);
+            }
+        }
         Ok(Self {
             upstream_host,
             routes: RouteTable::compile(&config.routes)?,
-            auth: ApiKeys::new(&config.auth),
+            state_credentials: auth.forwarded_credentials(),
+            auth,
+            per_caller,
+            proxies: TrustedProxies::new(&config.trusted_proxies),
+            cut_off: tokio::sync::watch::channel(false).0,
             tenant_header: header(&config.tenant_header)?,
             principal_header: header(&config.principal_header)?,
             token: config
@@ -110,15 +162,53 @@ impl Ctx {
         OwnerId::new(format!("{}:{n}", self.instance)).expect("checked at startup")
     }
 
-    /// A problem response, counted.
+    /// A problem response, counted; its internal cause goes to the log with the
+    /// request id, never to the client.
     pub fn problem(&self, p: Problem) -> Response<Body> {
         self.metrics.problem(p.kind.slug());
-        p.to_response()
+        let id = request_id();
+        if let Some(cause) = &p.cause {
+            tracing::warn!(request_id = id.as_deref().unwrap_or("-"), problem = p.kind.slug(), %cause, "answered with a problem");
+        }
+        p.to_response_for(id.as_deref())
+    }
+
+    /// A request header a client's `Connection` must not name: removing it would
+    /// forward the request without its key, its credential or what its fingerprint
+    /// covers.
+    fn end_to_end(&self, name: &HeaderName) -> bool {
+        *name == IDEMPOTENCY_KEY
+            || *name == AUTHORIZATION
+            || *name == COOKIE
+            || *name == HOST
+            || *name == CONTENT_TYPE
+            || *name == CONTENT_LENGTH
+            || self.auth.identifies(name)
+            || self
+                .config
+                .fingerprint
+                .headers
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(name.as_str()))
+    }
+
+    /// The first end-to-end header the request's `Connection` names, if any.
+    fn connection_conflict(&self, headers: &HeaderMap) -> Option<String> {
+        headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .find(|n| self.end_to_end(n))
+            .map(|n| n.as_str().to_string())
     }
 
     /// Readies client headers for the upstream: hop-by-hop fields, client-sent identity
     /// headers and (configured) the API key go; the gateway's identity headers come in.
     fn prepare_headers(&self, headers: &mut HeaderMap, identity: Option<&Identity>, peer: &Peer) {
+        // Forwarding headers are believed only from a configured proxy.
+        let trusted = self.proxies.trusts(peer.ip);
         // One scan first: requests rarely carry anything to remove.
         let dirty = headers.keys().any(|n| {
             crate::hop::is_hop_by_hop(n)
@@ -126,6 +216,11 @@ impl Ctx {
                 || *n == self.principal_header
                 || *n == GATEWAY_TOKEN
                 || self.auth.is_credential(n)
+                || (!trusted
+                    && (*n == X_FORWARDED_FOR
+                        || *n == X_FORWARDED_HOST
+                        || *n == X_FORWARDED_PROTO
+                        || *n == FORWARDED))
         });
         if dirty {
             crate::hop::strip_hop_by_hop(headers);
@@ -133,11 +228,22 @@ impl Ctx {
             headers.remove(&self.principal_header);
             headers.remove(GATEWAY_TOKEN);
             self.auth.strip(headers);
+            if !trusted {
+                headers.remove(X_FORWARDED_FOR);
+                headers.remove(X_FORWARDED_HOST);
+                headers.remove(X_FORWARDED_PROTO);
+                headers.remove(FORWARDED);
+            }
         }
         // The upstream gets its own authority as Host; the client's goes along as
-        // X-Forwarded-Host.
+        // X-Forwarded-Host (a trusted proxy's own X-Forwarded-Host stays).
         if let Some(host) = headers.insert(HOST, self.upstream_host.clone()) {
-            headers.insert(X_FORWARDED_HOST, host);
+            if !headers.contains_key(X_FORWARDED_HOST) {
+                headers.insert(X_FORWARDED_HOST, host);
+            }
+        }
+        if let Some(id) = request_id().and_then(|id| HeaderValue::from_str(&id).ok()) {
+            headers.insert(X_REQUEST_ID, id);
         }
         match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
             Some(prior) => {
@@ -190,6 +296,23 @@ pub(crate) async fn serve(
 }
 
 async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
+    let id = request_id_of(req.headers());
+    let mut response = REQUEST_ID
+        .scope(id.clone(), route_request(ctx, peer, req))
+        .await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(X_REQUEST_ID, v);
+    }
+    response
+}
+
+async fn route_request(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
+    if let Some(name) = ctx.connection_conflict(req.headers()) {
+        return ctx.problem(Problem::new(
+            ProblemType::ConnectionNamesEndToEnd,
+            format!("the Connection header names {name}, which the gateway must forward"),
+        ));
+    }
     let path = req.uri().path();
     if let Some(rest) = path.strip_prefix(ctx.config.admin_prefix.as_str()) {
         if rest.is_empty() || rest.starts_with('/') {
@@ -240,9 +363,11 @@ fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
             r
         }
         "/health" => {
-            let degraded = ctx.metrics.is_degraded();
+            let window_full = ctx.metrics.is_window_full();
+            let degraded = ctx.metrics.is_degraded() || window_full;
             let body = serde_json::json!({
                 "status": if degraded { "degraded" } else { "ok" },
+                "window_full": window_full,
                 "window": ctx.window.backend(),
                 "shared_window": ctx.window.is_shared(),
                 "instance": ctx.instance,
@@ -282,8 +407,9 @@ async fn passthrough(
         Err(PassError::NotSent(e)) => ctx.problem(
             Problem::new(
                 ProblemType::UpstreamUnavailable,
-                format!("the upstream could not be reached: {e}"),
+                "the upstream could not be reached; the request was not sent",
             )
+            .cause(e)
             .retry_after(std::time::Duration::from_secs(1)),
         ),
         Err(PassError::Timeout) => ctx.problem(Problem::new(
@@ -300,10 +426,13 @@ async fn passthrough(
                 ctx.config.body_read_timeout_ms
             ),
         )),
-        Err(PassError::Failed(e)) => ctx.problem(Problem::new(
-            ProblemType::UpstreamUnavailable,
-            format!("the upstream exchange failed: {e}"),
-        )),
+        Err(PassError::Failed(e)) => ctx.problem(
+            Problem::new(
+                ProblemType::UpstreamUnavailable,
+                "the upstream exchange failed",
+            )
+            .cause(e),
+        ),
     }
 }
 
@@ -316,7 +445,7 @@ async fn keyed_entry(
     let Some(identity) = identity else {
         return ctx.problem(Problem::new(
             ProblemKind::Unauthenticated,
-            "an API key is required on this route: the key is scoped to your tenant",
+            "a credential is required on this route: stored results are kept per caller",
         ));
     };
     let key = match read_key(req.headers()) {
@@ -358,7 +487,10 @@ async fn keyed_entry(
             ))
         }
         Err(ReadError::Broken(e)) => {
-            return ctx.problem(Problem::new(ProblemKind::UnreadableBody, e.to_string()))
+            return ctx.problem(
+                Problem::new(ProblemKind::UnreadableBody, "the request body broke off")
+                    .cause(e.to_string()),
+            )
         }
     };
     let path_and_query = parts
@@ -378,7 +510,8 @@ async fn keyed_entry(
         };
         ctx.config.fingerprint.fingerprint(&RequestParts {
             method: parts.method.as_str(),
-            route: &path_and_query,
+            path: parts.uri.path(),
+            query: parts.uri.query(),
             principal: identity.principal.as_str(),
             content_type: parts
                 .headers
@@ -390,7 +523,7 @@ async fn keyed_entry(
     };
     ctx.prepare_headers(&mut parts.headers, Some(&identity), peer);
     let req = KeyedRequest {
-        scope: Scope::new(identity.tenant.clone(), key),
+        scope: Scope::new(ctx.auth.window_tenant(&identity), key),
         principal: identity.principal,
         fingerprint,
         method: parts.method,

@@ -15,6 +15,7 @@
 //! | `POST /upload` | reads the body frame by frame (counted as they arrive), answers the size |
 //! | `GET /slow?ms=D` | answers after D ms |
 //! | `GET /v1/idempotency-keys/{key}` | the key's state (see [`crate::upstream::parse_key_state`]) |
+//! | `POST /v1/guarded` | 401 unless `Authorization: Bearer good`, then a business write |
 //! | any other `POST`/`PUT`/`PATCH` | a business write: keyed by `Idempotency-Key` when present |
 
 use std::collections::HashMap;
@@ -252,6 +253,13 @@ async fn serve(st: Arc<StubState>, req: Request<Incoming>) -> Result<Response<Bo
             Response::new(full("slow"))
         }
         (Method::GET, p) if p.starts_with("/v1/idempotency-keys/") => key_state(&st, &req, p),
+        (Method::POST, "/v1/guarded")
+            if req.headers().get(http::header::AUTHORIZATION)
+                != Some(&HeaderValue::from_static("Bearer good")) =>
+        {
+            st.total_calls.fetch_add(1, Ordering::SeqCst);
+            json_response(StatusCode::UNAUTHORIZED, json!({"error": "who are you"}))
+        }
         (Method::POST | Method::PUT | Method::PATCH, _) => write(st, req).await,
         _ => json_response(StatusCode::NOT_FOUND, json!({"error": "not found"})),
     };
@@ -326,12 +334,20 @@ async fn upload(st: &StubState, req: Request<Incoming>) -> Response<Body> {
     json_response(StatusCode::OK, json!({"received": size}))
 }
 
+/// The caller's partition: the gateway's tenant, and its principal when it sends one
+/// (callers of one tenant keep their keys apart).
 fn tenant(st: &StubState, req: &Request<Incoming>) -> String {
-    req.headers()
-        .get(st.tenant_header.as_str())
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("-")
-        .to_string()
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let tenant = header(st.tenant_header.as_str()).unwrap_or_else(|| "-".into());
+    match header("x-idem-principal") {
+        Some(p) if p != tenant => format!("{tenant}/{p}"),
+        _ => tenant,
+    }
 }
 
 fn key_state(st: &StubState, req: &Request<Incoming>, path: &str) -> Response<Body> {
@@ -513,6 +529,14 @@ async fn execute(
     *r.status_mut() = StatusCode::CREATED;
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    // A session cookie for the caller whose request executed: it must never reach
+    // another caller through a replay.
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "stub-session={}; HttpOnly",
+        uuid::Uuid::new_v4().simple()
+    )) {
+        r.headers_mut().insert(http::header::SET_COOKIE, v);
+    }
     r
 }
 

@@ -105,14 +105,14 @@ impl Captured {
         })
     }
 
-    /// The form kept in the window.
-    pub fn to_stored(&self) -> idem_core::StoredResult {
+    /// The form kept in the window, without the headers that belong to one caller.
+    pub fn to_stored(&self, per_caller: &[HeaderName]) -> idem_core::StoredResult {
         idem_core::StoredResult {
             status: self.status.as_u16(),
             headers: self
                 .headers
                 .iter()
-                .filter(|(n, _)| **n != CONTENT_LENGTH)
+                .filter(|(n, _)| **n != CONTENT_LENGTH && !per_caller.contains(n))
                 .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
                 .collect(),
             body: self.body.to_vec(),

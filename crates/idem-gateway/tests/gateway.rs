@@ -474,21 +474,46 @@ async fn upstream_commits_then_times_out_client_gets_result_via_state_query() {
 }
 
 #[tokio::test]
-async fn uncertain_result_while_processing_is_409_then_resolves() {
+async fn uncertain_result_while_processing_waits_for_the_upstream_record() {
     let up = stub().await;
     let mut cfg = config(&up.url());
     cfg.upstream_timeout_ms = 300;
     let gw = idem_gateway::start(cfg).await.unwrap();
     let c = client();
     let key = fresh("still-processing");
+    // The first execution commits 1.5 s after it started; the gateway gave up on the
+    // exchange at 300 ms and asks the key's state until the upstream has a result.
+    up.state.delay_executions(Duration::from_millis(1500));
+    let r = order(&c, &gw.url(), &key, "{}").send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert!(gw.metrics().state_queries("processing") >= 1);
+    assert_eq!(gw.metrics().state_queries("succeeded"), 1);
+    assert_eq!(up.state.executions(&key), 1);
+    assert_eq!(
+        up.state.calls(&key),
+        1,
+        "no re-send while the upstream works"
+    );
+    gw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn uncertain_result_still_processing_past_the_wait_is_409_then_resolves() {
+    let up = stub().await;
+    let mut cfg = config(&up.url());
+    cfg.upstream_timeout_ms = 300;
+    cfg.max_wait_ms = 500;
+    let gw = idem_gateway::start(cfg).await.unwrap();
+    let c = client();
+    let key = fresh("still-processing-409");
     up.state.delay_executions(Duration::from_millis(1500));
     let r = order(&c, &gw.url(), &key, "{}").send().await.unwrap();
     assert!(r.headers().contains_key("retry-after"));
     assert_eq!(problem(r).await, (409, problem_type("request-in-progress")));
-    assert_eq!(gw.metrics().state_queries("processing"), 1);
+    assert!(gw.metrics().state_queries("processing") >= 1);
     up.state.delay_executions(Duration::ZERO);
-    // The first execution commits 1.5 s after it started.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     // The retry (same key) reaches the upstream, which replays its committed result.
     let r = order(&c, &gw.url(), &key, "{}").send().await.unwrap();
     assert_eq!(r.status(), 201);
@@ -614,17 +639,40 @@ async fn without_api_keys_the_gateway_is_single_tenant() {
     let gw = idem_gateway::start(cfg).await.unwrap();
     let c = client();
     let key = fresh("single");
+    let mut principals = Vec::new();
     for _ in 0..2 {
         let r = c
             .post(format!("{}/v1/echo", gw.url()))
             .header("idempotency-key", &key)
+            .header("authorization", "Bearer caller-a")
             .body("{}")
             .send()
             .await
             .unwrap();
         let v: serde_json::Value = r.json().await.unwrap();
         assert_eq!(v["headers"]["x-idem-tenant"], "default");
+        assert_eq!(
+            v["headers"]["authorization"], "Bearer caller-a",
+            "forwarded"
+        );
+        principals.push(
+            v["headers"]["x-idem-principal"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
     }
+    assert_eq!(principals[0], principals[1]);
+    assert!(principals[0].starts_with("caller-") && !principals[0].contains("caller-a"));
+    // No credential at all on a keyed route: refused, nothing recorded.
+    let r = c
+        .post(format!("{}/v1/echo", gw.url()))
+        .header("idempotency-key", fresh("anon"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem(r).await.0, 401);
     // Pass-through demands a real API key here, and there is none to give.
     let r = c.get(format!("{}/ping", gw.url())).send().await.unwrap();
     assert_eq!(problem(r).await.0, 401);

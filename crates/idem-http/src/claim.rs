@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::MatchedPath;
+use axum::extract::{MatchedPath, OriginalUri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
@@ -97,7 +97,7 @@ where
             return problem.into_response();
         }
     };
-    let fingerprint = fingerprint(&shared, &parts, &route, &identity, &body);
+    let fingerprint = fingerprint(&shared, &parts, &identity, &body);
     let claim_request = ClaimRequest {
         scope: Scope::new(identity.tenant.clone(), key),
         principal: identity.principal.clone(),
@@ -142,8 +142,8 @@ where
                 return Problem::new(
                     ProblemKind::KeyReused,
                     "this Idempotency-Key was first used with a different request (body, \
-                     route, method, principal or fingerprinted headers); use a new key for \
-                     a new intent",
+                     path, query, method, principal or fingerprinted headers); use a new \
+                     key for a new intent",
                 )
                 .into_response();
             }
@@ -244,13 +244,7 @@ async fn read_body(parts: &Parts, body: Body, limit: usize) -> Result<Bytes, Pro
     }
 }
 
-fn fingerprint(
-    shared: &Shared,
-    parts: &Parts,
-    route: &str,
-    identity: &Identity,
-    body: &[u8],
-) -> Fingerprint {
+fn fingerprint(shared: &Shared, parts: &Parts, identity: &Identity, body: &[u8]) -> Fingerprint {
     let fingerprinter = &shared.config.fingerprint;
     let headers: Vec<(&str, &str)> = if fingerprinter.headers.is_empty() {
         Vec::new()
@@ -267,9 +261,16 @@ fn fingerprint(
             .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)))
             .collect()
     };
+    // The concrete target, not the route template: a key binds one resource. A nested
+    // router strips its prefix from `parts.uri`; the original URI still has it.
+    let uri = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map_or(&parts.uri, |original| &original.0);
     fingerprinter.fingerprint(&RequestParts {
         method: parts.method.as_str(),
-        route,
+        path: uri.path(),
+        query: uri.query(),
         principal: identity.principal.as_str(),
         content_type: parts
             .headers

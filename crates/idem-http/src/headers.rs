@@ -32,6 +32,10 @@ pub enum KeyHeaderError {
     Repeated,
     #[error("the Idempotency-Key header is not a valid structured-field string: {0}")]
     Malformed(&'static str),
+    /// `"k";p=1`: the draft defines no parameters, and ignoring unknown ones would let
+    /// two different header values name one key.
+    #[error("the Idempotency-Key header has parameters after the string; none are accepted")]
+    Parameters,
     #[error(transparent)]
     Invalid(#[from] KeyError),
 }
@@ -39,9 +43,11 @@ pub enum KeyHeaderError {
 /// Reads the key from a request.
 ///
 /// Accepts the IETF draft's structured-field string (`Idempotency-Key: "k-1"`, with `\"`
-/// and `\\` escapes and optional `;parameters`, which are ignored) and the plain token
-/// form most clients send in practice (`Idempotency-Key: k-1`). Either way the value must
-/// then be a valid [`IdempotencyKey`]: 1 to 255 visible ASCII characters.
+/// and `\\` escapes) and the plain token form most clients send in practice
+/// (`Idempotency-Key: k-1`). Either way the value must then be a valid
+/// [`IdempotencyKey`]: 1 to 255 visible ASCII characters other than `,` and `;`, so a
+/// list folded from two header lines (`a,b`) or parameters (`k;p=1`, `"k";p=1`) are
+/// refused, as is the header sent more than once.
 pub fn read_key(headers: &HeaderMap) -> Result<IdempotencyKey, KeyHeaderError> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
     let value = values.next().ok_or(KeyHeaderError::Missing)?;
@@ -59,7 +65,7 @@ pub fn read_key(headers: &HeaderMap) -> Result<IdempotencyKey, KeyHeaderError> {
     }
 }
 
-/// RFC 8941 §4.2.5: an sf-string, optionally followed by parameters.
+/// RFC 8941 §4.2.5: an sf-string, with nothing after it.
 fn parse_sf_string(text: &str) -> Result<String, KeyHeaderError> {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars().skip(1);
@@ -76,8 +82,10 @@ fn parse_sf_string(text: &str) -> Result<String, KeyHeaderError> {
         }
     }
     let rest: String = chars.collect();
-    if rest.is_empty() || rest.starts_with(';') {
+    if rest.is_empty() {
         Ok(out)
+    } else if rest.starts_with(';') {
+        Err(KeyHeaderError::Parameters)
     } else {
         Err(KeyHeaderError::Malformed("text after the string"))
     }
@@ -142,7 +150,15 @@ mod tests {
         check(&["  tok  "], Ok("tok"));
         check(&["\"8e03978e-40d5\""], Ok("8e03978e-40d5"));
         check(&["\"a\\\"b\\\\c\""], Ok("a\"b\\c"));
-        check(&["\"k\";v=1"], Ok("k"));
+        check(&["\"k\";v=1"], Err(()));
+        check(&["\"k\"; v=1"], Err(()));
+        check(&["k;v=1"], Err(()));
+        check(&["a,b"], Err(()));
+        check(&["a, b"], Err(()));
+        check(&["\"a\", \"b\""], Err(()));
+        check(&["\"a,b\""], Err(()));
+        check(&["\"a;b\""], Err(()));
+        check(&["a", "a"], Err(()));
         check(&[], Err(()));
         check(&["a", "b"], Err(()));
         check(&["\"unterminated"], Err(()));
@@ -152,6 +168,20 @@ mod tests {
         check(&["\"bad\\escape\""], Err(()));
         check(&[&"k".repeat(256)], Err(()));
         assert_eq!(read_key(&HeaderMap::new()), Err(KeyHeaderError::Missing));
+        let typed = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(IDEMPOTENCY_KEY, HeaderValue::from_str(v).unwrap());
+            read_key(&h)
+        };
+        assert_eq!(typed("\"k\";v=1"), Err(KeyHeaderError::Parameters));
+        assert!(matches!(
+            typed("a,b"),
+            Err(KeyHeaderError::Invalid(KeyError::ReservedCharacter {
+                character: ',',
+                position: 1,
+                ..
+            }))
+        ));
     }
 
     #[test]

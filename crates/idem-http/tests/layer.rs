@@ -628,3 +628,130 @@ async fn optional_and_ignored_routes() {
     assert!(send(keyed).await.replayed());
     assert_eq!(server.handler.calls(), 4);
 }
+
+/// An app whose route has a path parameter, so its template (`/things/{id}/pay`) and its
+/// concrete paths differ; it counts how often the handler ran.
+struct Things {
+    base: String,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Things {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn start_things(store: impl idem_core::IdempotencyStore) -> Things {
+    use axum::extract::{Path, State};
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let pay = |State(calls): State<Arc<AtomicUsize>>, Path(id): Path<String>| async move {
+        let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+        axum::Json(json!({"paid": id, "execution": n}))
+    };
+    let router = axum::Router::new()
+        .route("/things/{id}/pay", axum::routing::post(pay))
+        .with_state(calls.clone())
+        .layer(idem_http::IdempotencyLayer::new(store, auth()));
+    let (base, task) = serve_router(router).await;
+    Things { base, calls, task }
+}
+
+#[tokio::test]
+async fn a_key_is_bound_to_the_concrete_path_not_the_route_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let things = start_things(sqlite(dir.path()).await).await;
+    let client = reqwest::Client::new();
+    let pay = |path: &str| {
+        order(
+            &client,
+            &format!("{}{path}", things.base),
+            ALICE,
+            "pay-k",
+            &json!({}),
+        )
+    };
+    let a = send(pay("/things/A/pay")).await;
+    assert_eq!((a.status, a.replayed()), (200, false));
+    assert_eq!(a.json()["paid"], "A");
+    // Same key, same route template, another resource: refused, B is not "paid" by A's
+    // stored answer.
+    let b = send(pay("/things/B/pay")).await;
+    assert_eq!(b.status, 422, "{:?}", b.body);
+    assert_eq!(b.problem_type(), ProblemKind::KeyReused.type_uri());
+    // The same resource, even with an escaped unreserved character, replays.
+    for path in ["/things/A/pay", "/things/%41/pay"] {
+        let again = send(pay(path)).await;
+        assert_eq!((again.status, again.replayed()), (200, true), "{path}");
+        assert_eq!(again.body, a.body, "{path}");
+    }
+    assert_eq!(
+        things.calls.load(Ordering::SeqCst),
+        1,
+        "the handler ran once"
+    );
+}
+
+#[tokio::test]
+async fn the_query_is_part_of_the_fingerprint_in_canonical_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let things = start_things(sqlite(dir.path()).await).await;
+    let client = reqwest::Client::new();
+    let pay = |query: &str| {
+        let url = format!("{}/things/A/pay?{query}", things.base);
+        order(&client, &url, ALICE, "query-k", &json!({}))
+    };
+    let first = send(pay("b=2&a=1")).await;
+    assert_eq!((first.status, first.replayed()), (200, false));
+    let reordered = send(pay("a=1&b=2")).await;
+    assert_eq!((reordered.status, reordered.replayed()), (200, true));
+    assert_eq!(reordered.body, first.body);
+    let other = send(pay("a=2")).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(other.problem_type(), ProblemKind::KeyReused.type_uri());
+    assert_eq!(
+        things.calls.load(Ordering::SeqCst),
+        1,
+        "the handler ran once"
+    );
+}
+
+#[tokio::test]
+async fn folded_lists_parameters_and_repeated_key_headers_are_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(sqlite(dir.path()).await, IdempotencyConfig::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url(ORDERS);
+    // What a proxy makes of two header lines, and structured-field parameters.
+    for bad in ["a,b", "a, b", "abc;x=1", "\"abc\";x=1", "\"a,b\""] {
+        let r = send(order(&client, &url, ALICE, bad, &json!({}))).await;
+        assert_eq!(r.status, 400, "{bad}");
+        assert_eq!(
+            r.problem_type(),
+            ProblemKind::InvalidKey.type_uri(),
+            "{bad}"
+        );
+    }
+    let two_lines = client
+        .post(&url)
+        .bearer_auth(ALICE)
+        .header("idempotency-key", "abc")
+        .header("idempotency-key", "abc")
+        .json(&json!({}));
+    let r = send(two_lines).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.problem_type(), ProblemKind::InvalidKey.type_uri());
+    assert_eq!(server.handler.calls(), 0);
+    // The draft's sf-string form still names the plain key.
+    let quoted = send(order(&client, &url, ALICE, "\"abc\"", &json!({}))).await;
+    let plain = send(order(&client, &url, ALICE, "abc", &json!({}))).await;
+    assert_eq!(
+        (quoted.status, plain.status, plain.replayed()),
+        (201, 201, true)
+    );
+    assert_eq!(server.handler.calls(), 1);
+    assert_eq!(server.metrics.requests(Decision::InvalidKey), 6);
+}

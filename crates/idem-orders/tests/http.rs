@@ -20,6 +20,7 @@ on_both_stores!(
     bad_input_is_problem_json_and_rejections_replay,
     another_tenants_order_is_not_found,
     concurrent_pays_make_one_charge,
+    a_key_reused_on_another_order_is_refused,
     cancel_paid_order_refunds_and_releases_under_fence,
     paid_order_gets_one_ticket_through_the_chain,
     key_state_query_is_tenant_scoped,
@@ -318,6 +319,70 @@ async fn concurrent_pays_make_one_charge(env: Env) {
         "one call per key at most: {}",
         receipt.calls
     );
+    s.shutdown().await;
+}
+
+/// A key binds the order in the path: reused on another order's pay or cancel it is a
+/// 422, and that order is left as it was (not answered with the first order's result).
+async fn a_key_reused_on_another_order_is_refused(env: Env) {
+    let s = env.start_with(|c| c.options.run_chain = false).await;
+    let unpaid = |v: &Value| {
+        v["status"] == "pending_payment" && v["payments"].as_array().is_some_and(|p| p.is_empty())
+    };
+    for action in ["pay", "cancel"] {
+        let o1 = s
+            .create(T1, &format!("{action}-o1"), "U-b", "S-204", 1)
+            .await
+            .order_id();
+        let o2 = s
+            .create(T1, &format!("{action}-o2"), "U-b", "S-204", 1)
+            .await
+            .order_id();
+        let key = format!("{action}-k");
+        let first = s
+            .post(
+                &format!("/v1/orders/{o1}/{action}"),
+                T1,
+                Some(&key),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(first.status, 200, "{action} O1: {}", first.body);
+        assert_eq!(first.body["order_id"], o1.as_str());
+        let reused = s
+            .post(
+                &format!("/v1/orders/{o2}/{action}"),
+                T1,
+                Some(&key),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(
+            reused.status, 422,
+            "{action} O2 with O1's key: {}",
+            reused.body
+        );
+        assert!(!reused.replayed, "{action}: not O1's answer");
+        assert!(reused.content_type.starts_with("application/problem+json"));
+        let o2_view = s.order(T1, &o2).await;
+        assert!(unpaid(&o2_view), "{action}: O2 untouched: {o2_view:#}");
+        // The key still replays on its own order.
+        let again = s
+            .post(
+                &format!("/v1/orders/{o1}/{action}"),
+                T1,
+                Some(&key),
+                &json!({}),
+            )
+            .await;
+        assert!(
+            again.replayed && again.status == 200,
+            "{action}: {}",
+            again.body
+        );
+    }
+    let counts = s.server.orders().counts("t1").await.unwrap();
+    assert_eq!(counts.charges, 1, "only O1 of the pay pair was charged");
     s.shutdown().await;
 }
 

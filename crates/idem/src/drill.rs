@@ -47,7 +47,8 @@ fn request(tenant: &TenantId, key: &IdempotencyKey, payload: &str, owner: String
     let principal = Principal::new("drill").expect("static principal");
     let fingerprint = Fingerprinter::new().fingerprint(&RequestParts {
         method: "POST",
-        route: "/v1/orders",
+        path: "/v1/orders",
+        query: None,
         principal: principal.as_str(),
         content_type: Some("application/json"),
         body: payload.as_bytes(),
