@@ -125,6 +125,17 @@ name_type!(
     MAX_KEY_LEN,
     KEY_RESERVED_CHARS
 );
+impl IdempotencyKey {
+    /// A key read back from a store. Keys recorded before `,` and `;` were refused may
+    /// hold them; they stay readable (replays, sweeps, archive lookups) while every new
+    /// key from a request goes through [`IdempotencyKey::new`].
+    pub fn from_stored(value: impl Into<String>) -> Result<Self, KeyError> {
+        let value = value.into();
+        validate("idempotency key", &value, MAX_KEY_LEN, &[])?;
+        Ok(Self(value))
+    }
+}
+
 name_type!(
     /// A tenant id. Comes from authentication, never from a header a client sets freely.
     TenantId,
@@ -208,6 +219,12 @@ mod tests {
         );
         let e = IdempotencyKey::new("k;v=1").unwrap_err();
         assert!(e.to_string().contains("';'"), "{e}");
+        // Rows written before the rule still read back.
+        assert_eq!(
+            IdempotencyKey::from_stored("pay,order-1").unwrap().as_str(),
+            "pay,order-1"
+        );
+        assert!(IdempotencyKey::from_stored("has space").is_err());
         // A principal from authentication may be an LDAP DN.
         assert!(Principal::new("CN=alice,OU=ops").is_ok());
         assert!(TenantId::new("t;1").is_ok());

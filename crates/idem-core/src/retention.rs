@@ -535,7 +535,7 @@ impl StaleRecord {
         Ok(Self {
             scope: Scope::new(
                 TenantId::new(tenant).map_err(bad)?,
-                IdempotencyKey::new(key).map_err(bad)?,
+                IdempotencyKey::from_stored(key).map_err(bad)?,
             ),
             version,
             owner: owner.map(OwnerId::new).transpose().map_err(bad)?,

@@ -43,10 +43,65 @@ pub enum Caller {
     Unknown,
 }
 
+/// One part of a caller's credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    /// Every value of a header.
+    Header(HeaderName),
+    /// One cookie of the `Cookie` header (`cookie:NAME`), so shared or rotating cookies
+    /// (consent, load-balancer affinity) do not decide who the caller is.
+    Cookie(String),
+}
+
+impl Part {
+    fn parse(spec: &str) -> Result<Self, GatewayError> {
+        match spec.split_once(':') {
+            Some((h, name)) if h.eq_ignore_ascii_case("cookie") => {
+                let name = name.trim();
+                if name.is_empty()
+                    || !name
+                        .bytes()
+                        .all(|b| b.is_ascii_graphic() && b != b'=' && b != b';')
+                {
+                    return Err(GatewayError::Config(format!(
+                        "auth.credential_headers: bad cookie name in {spec:?}"
+                    )));
+                }
+                Ok(Part::Cookie(name.to_string()))
+            }
+            _ => header_name(spec).map(Part::Header),
+        }
+    }
+
+    /// The values this part finds in the request.
+    fn values<'a>(&self, headers: &'a HeaderMap) -> Vec<&'a [u8]> {
+        match self {
+            Part::Header(name) => headers.get_all(name).iter().map(|v| v.as_bytes()).collect(),
+            Part::Cookie(wanted) => headers
+                .get_all(http::header::COOKIE)
+                .iter()
+                .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+                .filter_map(|pair| {
+                    let pair = pair.trim_ascii();
+                    let eq = pair.iter().position(|b| *b == b'=')?;
+                    (&pair[..eq] == wanted.as_bytes()).then(|| &pair[eq + 1..])
+                })
+                .collect(),
+        }
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Part::Header(h) => h.as_str().to_string(),
+            Part::Cookie(c) => format!("cookie:{c}"),
+        }
+    }
+}
+
 /// Without API keys: callers told apart by their credential headers.
 #[derive(Clone)]
 struct Credentials {
-    headers: Vec<HeaderName>,
+    parts: Vec<Part>,
     secret: Vec<u8>,
     tenant: TenantId,
 }
@@ -54,7 +109,7 @@ struct Credentials {
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Credentials")
-            .field("headers", &self.headers)
+            .field("parts", &self.parts)
             .field("secret", &"***")
             .finish()
     }
@@ -66,10 +121,11 @@ impl Credentials {
     fn principal(&self, headers: &HeaderMap) -> Option<Principal> {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
         let mut any = false;
-        for name in &self.headers {
-            mac.update(&(name.as_str().len() as u64).to_be_bytes());
-            mac.update(name.as_str().as_bytes());
-            let values: Vec<&[u8]> = headers.get_all(name).iter().map(|v| v.as_bytes()).collect();
+        for part in &self.parts {
+            let label = part.label();
+            mac.update(&(label.len() as u64).to_be_bytes());
+            mac.update(label.as_bytes());
+            let values = part.values(headers);
             any |= !values.is_empty();
             mac.update(&(values.len() as u64).to_be_bytes());
             for v in values {
@@ -150,10 +206,10 @@ impl ApiKeys {
         let header = header_name(&config.header)?;
         let credentials = if config.api_keys.is_empty() {
             Some(Credentials {
-                headers: config
+                parts: config
                     .credential_headers
                     .iter()
-                    .map(|h| header_name(h))
+                    .map(|h| Part::parse(h))
                     .collect::<Result<_, _>>()?,
                 secret: principal_secret(config, shared_window)?,
                 tenant: TenantId::new(DEFAULT_TENANT).expect("valid tenant"),
@@ -177,7 +233,8 @@ impl ApiKeys {
                     )
                 })
                 .collect(),
-            strip: config.strip_api_key,
+            // Without API keys the header is not the gateway's credential: leave it be.
+            strip: config.strip_api_key && !config.api_keys.is_empty(),
             require_on_passthrough: config.require_on_passthrough,
             anonymous: config.anonymous_tenant.clone().map(|tenant| Identity {
                 tenant,
@@ -248,10 +305,12 @@ impl ApiKeys {
     /// header): such a field must reach the upstream and the state query unchanged.
     pub fn identifies(&self, name: &HeaderName) -> bool {
         *name == self.header
-            || self
-                .credentials
-                .as_ref()
-                .is_some_and(|c| c.headers.contains(name))
+            || self.credentials.as_ref().is_some_and(|c| {
+                c.parts.iter().any(|p| match p {
+                    Part::Header(h) => h == name,
+                    Part::Cookie(_) => name == http::header::COOKIE,
+                })
+            })
     }
 
     /// The credential headers a state query repeats to authenticate as the caller:
@@ -259,7 +318,19 @@ impl ApiKeys {
     /// upstream's).
     pub fn forwarded_credentials(&self) -> Vec<HeaderName> {
         let mut out: Vec<HeaderName> = match &self.credentials {
-            Some(c) => c.headers.clone(),
+            Some(c) => {
+                let mut out = Vec::new();
+                for p in &c.parts {
+                    let h = match p {
+                        Part::Header(h) => h.clone(),
+                        Part::Cookie(_) => http::header::COOKIE,
+                    };
+                    if !out.contains(&h) {
+                        out.push(h);
+                    }
+                }
+                out
+            }
             None => vec![AUTHORIZATION, http::header::COOKIE],
         };
         if self.strip {
@@ -407,6 +478,38 @@ mod tests {
             principal_of(&a, &[("cookie", "sid=1")]),
             principal_of(&b, &[("cookie", "sid=1")])
         );
+    }
+
+    #[test]
+    fn a_named_cookie_is_the_credential() {
+        let c = AuthConfig {
+            principal_secret: Some("0123456789abcdef-secret".into()),
+            credential_headers: vec!["authorization".into(), "cookie:sid".into()],
+            ..AuthConfig::default()
+        };
+        let t = ApiKeys::new(&c, true).unwrap();
+        let one = principal_of(&t, &[("cookie", "lb=1; sid=abc; consent=yes")]).unwrap();
+        assert_eq!(
+            principal_of(&t, &[("cookie", "consent=no;sid=abc"), ("cookie", "lb=2")]).as_deref(),
+            Some(one.as_str()),
+            "other cookies do not count"
+        );
+        assert_ne!(
+            principal_of(&t, &[("cookie", "sid=abd")]).as_deref(),
+            Some(one.as_str())
+        );
+        assert_eq!(
+            principal_of(&t, &[("cookie", "consent=yes")]),
+            None,
+            "no sid, no caller"
+        );
+        for bad in ["cookie:", "cookie:a=b", "bad header"] {
+            let c = AuthConfig {
+                credential_headers: vec![bad.into()],
+                ..AuthConfig::default()
+            };
+            assert!(ApiKeys::new(&c, false).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -95,9 +95,10 @@ pub struct GatewayConfig {
     /// replayed to a duplicate. Compared case-insensitively; `set-cookie` is always
     /// included.
     pub per_caller_response_headers: Vec<String>,
-    /// Peers (addresses or CIDR blocks, `10.0.0.0/8`) whose `X-Forwarded-For`,
-    /// `X-Forwarded-Host` and `X-Forwarded-Proto` the gateway keeps and extends. From
-    /// anyone else those fields are replaced: the upstream sees the peer address only.
+    /// Peers (addresses or CIDR blocks, `10.0.0.0/8`) whose `X-Forwarded-*`,
+    /// `Forwarded` and `X-Real-IP` the gateway keeps (and whose `X-Forwarded-For` it
+    /// extends). From anyone else those fields are dropped: the upstream sees the peer
+    /// address only.
     pub trusted_proxies: Vec<String>,
     /// After a shutdown signal: how long requests in flight may take to finish. Past
     /// it, keyed executions still running are ended as retryable in the window (the
@@ -183,7 +184,9 @@ pub struct AuthConfig {
     pub anonymous_tenant: Option<TenantId>,
     /// Without `api_keys`, the caller is whoever these request headers say (the
     /// upstream's own credential): the principal is a keyed hash of their values, so
-    /// two callers never share a stored result. Default `authorization`, `cookie`.
+    /// two callers never share a stored result. `cookie:NAME` takes one cookie instead
+    /// of the whole `Cookie` header (use it when other cookies are shared or rotate).
+    /// Default `authorization`, `cookie`.
     pub credential_headers: Vec<String>,
     /// The per-deployment secret of that hash (at least 16 bytes). Gateways sharing a
     /// window must share it; a single in-memory gateway makes a random one at start.
@@ -392,6 +395,7 @@ impl GatewayConfig {
             self.auth
                 .credential_headers
                 .iter()
+                .filter(|h| !h.to_ascii_lowercase().starts_with("cookie:"))
                 .map(|h| ("auth.credential_headers", h)),
         )
         .chain(
@@ -409,6 +413,24 @@ impl GatewayConfig {
                     "trusted_proxies: {p:?} is not an address or CIDR block"
                 ));
             }
+        }
+        if let Some(anon) = &self.auth.anonymous_tenant {
+            if self.auth.api_keys.values().any(|e| e.tenant() == anon) {
+                return bad(format!(
+                    "auth.anonymous_tenant {anon} is also an API key's tenant: anonymous callers would share its keys"
+                ));
+            }
+        }
+        if self
+            .auth
+            .api_keys
+            .values()
+            .any(|e| e.principal().as_str() == crate::auth::ANONYMOUS)
+        {
+            return bad(format!(
+                "an API key's principal may not be {:?}: it names callers without a credential",
+                crate::auth::ANONYMOUS
+            ));
         }
         if self.auth.principal_secret.is_some() && self.auth.principal_secret_file.is_some() {
             return bad(
@@ -529,6 +551,8 @@ mod tests {
             r#"{"upstream": "http://x", "auth": {"principal_secret": "short"}}"#,
             r#"{"upstream": "http://x", "trusted_proxies": ["10.0.0.0/33"]}"#,
             r#"{"upstream": "http://x", "auth": {"credential_headers": ["a b"]}}"#,
+            r#"{"upstream": "http://x", "auth": {"api_keys": {"k": "t1"}, "anonymous_tenant": "t1"}}"#,
+            r#"{"upstream": "http://x", "auth": {"api_keys": {"k": {"tenant": "t1", "principal": "anonymous"}}}}"#,
         ] {
             assert!(GatewayConfig::from_json(bad).is_err(), "{bad}");
         }

@@ -11,18 +11,20 @@
 //!                               ─ mismatch ▶ 422
 //!                               ─ in progress (another instance) ─▶ subscribe, re-claim,
 //!                                  sleep until the wake-up or the lease deadline, re-claim
-//!                               ─ unreachable ─▶ forward with the key (degraded)
+//!                               ─ in memory, full ─▶ 503 + Retry-After (fail closed)
+//!                               ─ shared, unreachable ─▶ forward with the key (degraded)
 //!
 //! forward ─▶ complete response ─────────────▶ it
 //!         ─▶ not sent (connect failed) ──────▶ 502
 //!         ─▶ uncertain (timeout, broken) ───▶ ask the upstream for the key's state:
-//!              done ──▶ its stored response; processing ─▶ 409 + Retry-After;
-//!              absent ▶ re-send the same request with the same key (bounded);
+//!              processing ─▶ ask again until the wait runs out, then 409 + Retry-After;
+//!              done or absent ─▶ re-send the same request with the same key (bounded):
+//!                 the upstream's record answers (its replay, or 422 for another request);
 //!              unknown ▶ 504, nothing re-sent
 //! ```
 //!
-//! The gateway never mints a key and never re-sends without knowing the upstream has
-//! not got the request: the only re-send follows the upstream's own "absent" answer, and
+//! The gateway never mints a key and never re-sends without the upstream's own word on
+//! the key: a re-send follows its "done" (the record replays) or "absent" answer, and
 //! carries the same key.
 
 use std::collections::HashMap;
@@ -205,12 +207,16 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
     let deadline = Instant::now() + ctx.config.max_wait();
     let mut subscription = None;
     let mut counted = false;
+    let mut cut_off = ctx.cut_off.subscribe();
     loop {
         match ctx.window.claim(&claim).await {
             Err(e) if !ctx.window.is_shared() => {
-                // The in-memory window is full: forwarding would turn de-duplication
-                // off silently, so new keys are refused until records expire.
-                ctx.metrics.window_full();
+                // The in-memory window is full (its only failure): forwarding would turn
+                // de-duplication off silently, so new keys are refused until records
+                // expire.
+                if e.is_unavailable() {
+                    ctx.metrics.window_full();
+                }
                 return Outcome::Problem(
                     Problem::new(
                         ProblemKind::StoreUnavailable,
@@ -229,10 +235,7 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
                 ctx.metrics.degraded_request();
                 return forward(ctx, req).await.outcome;
             }
-            Ok(Claim::Proceed(token)) => {
-                ctx.metrics.window_admitted();
-                return execute(ctx, req, token).await;
-            }
+            Ok(Claim::Proceed(token)) => return execute(ctx, req, token).await,
             Ok(Claim::Replay(record)) => {
                 ctx.metrics.window_hit();
                 return match record.result.as_ref().and_then(Captured::from_stored) {
@@ -280,6 +283,15 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
                         tokio::select! {
                             _ = sub.changed() => {}
                             _ = tokio::time::sleep(sleep) => {}
+                            _ = async { cut_off.wait_for(|c| *c).await.map(|_| ()) } => {
+                                return Outcome::Problem(
+                                    Problem::new(
+                                        ProblemKind::RequestInProgress,
+                                        "the gateway is shutting down; the first request with this key is still being processed",
+                                    )
+                                    .retry_after(lease_left.max(Duration::from_secs(1))),
+                                );
+                            }
                         }
                     }
                 }
@@ -299,6 +311,8 @@ async fn execute(ctx: &Arc<Ctx>, req: &KeyedRequest, token: ClaimToken) -> Outco
     let mut cut_off = ctx.cut_off.subscribe();
     let resolution = loop {
         tokio::select! {
+            // A finished answer wins over a cut-off that arrives at the same time.
+            biased;
             r = &mut work => break r,
             _ = async { cut_off.wait_for(|c| *c).await.map(|_| ()) } => {
                 // Shutting down past the grace: free the key now rather than when the
@@ -417,6 +431,14 @@ fn state_query_headers(ctx: &Ctx, headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Sends the request upstream and settles an uncertain result through the state query.
+///
+/// The state query says whether the upstream has a record for the key, not whether
+/// that record is this request's: the key may have been used on another resource, or by
+/// another caller of the same upstream tenant, after this gateway's window forgot it. So
+/// a stored answer is never taken from the state endpoint: the same request is re-sent
+/// with the same key and the upstream's own record decides (its replay, or 422). That is
+/// safe exactly because the upstream has a record of the key; the state query's job is
+/// to wait out an execution still running there.
 async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
     ctx.metrics.upstream_call("keyed");
     let send = || {
@@ -429,8 +451,13 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
     };
     let mut exchange = send().await;
     let mut resends_left = ctx.config.state_query.max_retries;
+    let mut resent = false;
     loop {
-        match exchange {
+        let why = match exchange {
+            // The re-send met the first attempt still executing upstream: wait for it.
+            Exchange::Complete(captured) if resent && in_progress(&captured) => {
+                "the re-send found the first attempt still in progress".to_string()
+            }
             Exchange::Complete(captured) => return Resolution::response(ctx, captured, false),
             Exchange::NotSent(e) => {
                 return Resolution::problem(
@@ -454,33 +481,47 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
             Exchange::Uncertain(why) => {
                 ctx.metrics.uncertain();
                 tracing::warn!(scope = %req.scope, reason = %why, "uncertain upstream result; asking the upstream for the key's state");
-                match settle(ctx, req, &why).await {
-                    Settled::Done(r) => return *r,
-                    Settled::Absent if resends_left > 0 => {
-                        resends_left -= 1;
-                        ctx.metrics.resend();
-                        ctx.metrics.upstream_call("keyed");
-                        tracing::info!(scope = %req.scope, "upstream reports the key absent; re-sending with the same key");
-                        exchange = send().await;
-                    }
-                    Settled::Absent => {
-                        return Resolution::problem(
-                            Problem::new(
-                                ProblemType::UpstreamResultUnknown,
-                                "the upstream did not complete the request and reports the key absent; retry with the same key",
-                            )
-                            .cause(why)
-                            .retry_after(Duration::from_secs(1)),
-                        );
-                    }
-                }
+                why
             }
+        };
+        let reason = match settle(ctx, req, &why).await {
+            Settled::Answer(r) => return *r,
+            Settled::Stored => "the upstream holds a result for the key",
+            Settled::Absent => "the upstream reports the key absent",
+        };
+        if resends_left == 0 {
+            return Resolution::problem(
+                Problem::new(
+                    ProblemType::UpstreamResultUnknown,
+                    "the upstream's answer to this request is unknown; retry with the same key",
+                )
+                .cause(format!("{why}; {reason}; no re-send left"))
+                .retry_after(Duration::from_secs(1)),
+            );
         }
+        resends_left -= 1;
+        resent = true;
+        ctx.metrics.resend();
+        ctx.metrics.upstream_call("keyed");
+        tracing::info!(scope = %req.scope, reason, "re-sending with the same key");
+        exchange = send().await;
     }
 }
 
+/// An idem layer's "a request with this key is in progress" answer.
+fn in_progress(captured: &Captured) -> bool {
+    captured.status == http::StatusCode::CONFLICT
+        && serde_json::from_slice::<serde_json::Value>(&captured.body)
+            .ok()
+            .and_then(|v| v.get("type")?.as_str().map(str::to_string))
+            .is_some_and(|t| t == ProblemKind::RequestInProgress.type_uri())
+}
+
 enum Settled {
-    Done(Box<Resolution>),
+    /// The answer for the caller (still processing past the wait, or unknown).
+    Answer(Box<Resolution>),
+    /// The upstream has a record of the key: a same-key re-send gets its own verdict.
+    Stored,
     /// The upstream has no record of the key: a re-send with the same key is safe.
     Absent,
 }
@@ -503,9 +544,9 @@ async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str) -> Settled {
             )
             .await;
         match state {
-            Ok(KeyState::Done(captured)) => {
+            Ok(KeyState::Done(_)) => {
                 ctx.metrics.state_query("succeeded");
-                return Settled::Done(Box::new(Resolution::response(ctx, captured, true)));
+                return Settled::Stored;
             }
             Ok(KeyState::Processing { retry_after }) => {
                 ctx.metrics.state_query("processing");
@@ -513,7 +554,7 @@ async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str) -> Settled {
                     .unwrap_or(Duration::from_millis(200))
                     .clamp(Duration::from_millis(50), Duration::from_secs(1));
                 if Instant::now() + pause >= deadline {
-                    return Settled::Done(Box::new(Resolution::problem(
+                    return Settled::Answer(Box::new(Resolution::problem(
                         Problem::new(
                             ProblemKind::RequestInProgress,
                             "the upstream is still processing this key",
@@ -530,7 +571,7 @@ async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str) -> Settled {
             Err(e) => {
                 ctx.metrics.state_query("error");
                 tracing::warn!(scope = %req.scope, error = %e, "key state query failed; not re-sending");
-                return Settled::Done(Box::new(Resolution::problem(
+                return Settled::Answer(Box::new(Resolution::problem(
                     Problem::new(
                         ProblemType::UpstreamResultUnknown,
                         "the outcome is unknown and the key's state could not be read; retry with the same key",

@@ -216,6 +216,17 @@ async fn start_with(
     Ok((addr, metrics, handle))
 }
 
+/// Waits until no keyed execution is in flight, or `until`.
+async fn flights_ended(ctx: &service::Ctx, until: tokio::time::Instant) -> bool {
+    while ctx.flights.len() > 0 {
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
 async fn serve(
     listener: TcpListener,
     ctx: Arc<service::Ctx>,
@@ -256,23 +267,30 @@ async fn serve(
     }
     drop(listener);
     tracing::info!("idem gateway shutting down");
+    // Connections drain, and so do flights whose callers already hung up (they run
+    // in tasks of their own): both within the grace.
+    let until = tokio::time::Instant::now() + ctx.config.shutdown_grace();
     let drained = graceful.shutdown();
     tokio::pin!(drained);
-    if tokio::time::timeout(ctx.config.shutdown_grace(), &mut drained)
-        .await
-        .is_err()
-    {
+    let connections_done = tokio::time::timeout_at(until, &mut drained).await.is_ok();
+    let flights_done = flights_ended(&ctx, until).await;
+    if !(connections_done && flights_done) {
         tracing::warn!(
             in_flight = ctx.flights.len(),
             "requests still running after the shutdown grace period; ending them as retryable"
         );
         // Executions record their end and their callers get an answer; then the
-        // connections close.
+        // connections close. Recording takes up to two window round trips.
         ctx.cut_off.send_replace(true);
-        if tokio::time::timeout(CUT_OFF_GRACE, &mut drained)
-            .await
-            .is_err()
-        {
+        let bound = CUT_OFF_GRACE.max(2 * ctx.config.redis_timeout());
+        let until = tokio::time::Instant::now() + bound;
+        if !flights_ended(&ctx, until).await {
+            tracing::warn!(
+                in_flight = ctx.flights.len(),
+                "executions still running after the cut-off"
+            );
+        }
+        if !connections_done && tokio::time::timeout_at(until, &mut drained).await.is_err() {
             tracing::warn!("connections still open after the cut-off; closing");
         }
     }

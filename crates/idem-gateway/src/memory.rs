@@ -164,6 +164,14 @@ impl MemoryStore {
         self.lock().bytes
     }
 
+    /// Whether a new key would be refused now (expired records swept first).
+    pub fn is_full(&self) -> bool {
+        let now = self.now();
+        let mut st = self.lock();
+        st.sweep(now);
+        st.bytes >= self.max_bytes
+    }
+
     /// Records currently held (expired ones not yet swept included).
     pub fn len(&self) -> usize {
         self.lock().records.len()

@@ -189,14 +189,9 @@ impl GatewayMetrics {
         self.window_full.set(1);
         self.window_full_refusals.inc();
     }
-    /// A new key was admitted: the window has room again.
-    pub(crate) fn window_admitted(&self) {
-        if self.window_full.get() != 0 {
-            self.window_full.set(0);
-        }
-    }
-    pub fn is_window_full(&self) -> bool {
-        self.window_full.get() != 0
+    /// The window's fill level as of now (read when health or metrics are asked for).
+    pub(crate) fn set_window_full(&self, full: bool) {
+        self.window_full.set(i64::from(full));
     }
     pub fn window_full_refusals(&self) -> u64 {
         self.window_full_refusals.get()

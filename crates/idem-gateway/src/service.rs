@@ -37,9 +37,8 @@ use crate::window::Window;
 pub const GATEWAY_TOKEN: HeaderName = HeaderName::from_static("x-idem-gateway-token");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// Correlates a client's answer with the gateway's log line (and the upstream's).
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub use idem_http::headers::REQUEST_ID as X_REQUEST_ID;
 
 tokio::task_local! {
     /// The request id of the arrival this task answers.
@@ -53,18 +52,10 @@ pub(crate) fn request_id() -> Option<Arc<str>> {
 
 /// A client's own `X-Request-Id` when it is short and plain, else a fresh one.
 fn request_id_of(headers: &HeaderMap) -> Arc<str> {
-    headers
-        .get(&X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| {
-            (1..=64).contains(&v.len())
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-        })
-        .map_or_else(
-            || Arc::from(uuid::Uuid::new_v4().simple().to_string()),
-            Arc::from,
-        )
+    idem_http::headers::client_request_id(headers).map_or_else(
+        || Arc::from(uuid::Uuid::now_v7().simple().to_string()),
+        Arc::from,
+    )
 }
 
 /// Everything a request needs, shared by all connections of one gateway.
@@ -216,11 +207,7 @@ impl Ctx {
                 || *n == self.principal_header
                 || *n == GATEWAY_TOKEN
                 || self.auth.is_credential(n)
-                || (!trusted
-                    && (*n == X_FORWARDED_FOR
-                        || *n == X_FORWARDED_HOST
-                        || *n == X_FORWARDED_PROTO
-                        || *n == FORWARDED))
+                || (!trusted && is_forwarding(n))
         });
         if dirty {
             crate::hop::strip_hop_by_hop(headers);
@@ -229,10 +216,14 @@ impl Ctx {
             headers.remove(GATEWAY_TOKEN);
             self.auth.strip(headers);
             if !trusted {
-                headers.remove(X_FORWARDED_FOR);
-                headers.remove(X_FORWARDED_HOST);
-                headers.remove(X_FORWARDED_PROTO);
-                headers.remove(FORWARDED);
+                let forwarding: Vec<HeaderName> = headers
+                    .keys()
+                    .filter(|n| is_forwarding(n))
+                    .cloned()
+                    .collect();
+                for n in forwarding {
+                    headers.remove(n);
+                }
             }
         }
         // The upstream gets its own authority as Host; the client's goes along as
@@ -245,18 +236,31 @@ impl Ctx {
         if let Some(id) = request_id().and_then(|id| HeaderValue::from_str(&id).ok()) {
             headers.insert(X_REQUEST_ID, id);
         }
-        match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prior) => {
-                if let Ok(v) = HeaderValue::from_str(&format!("{prior}, {}", peer.ip)) {
+        // A proxy may add its own line instead of extending one: every line counts,
+        // in order.
+        let prior: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if prior.is_empty() {
+            headers.insert(X_FORWARDED_FOR, peer.xff.clone());
+        } else {
+            let chain = format!("{}, {}", prior.join(", "), peer.ip);
+            match HeaderValue::from_str(&chain) {
+                Ok(v) => {
                     headers.insert(X_FORWARDED_FOR, v);
                 }
-            }
-            None => {
-                headers.insert(X_FORWARDED_FOR, peer.xff.clone());
+                Err(_) => {
+                    headers.insert(X_FORWARDED_FOR, peer.xff.clone());
+                }
             }
         }
         if let Some(id) = identity {
-            if let Ok(v) = HeaderValue::from_str(id.tenant.as_str()) {
+            // Without API keys the upstream tenant is the caller's own partition too:
+            // an upstream that keys on it never merges two callers.
+            let tenant = self.auth.window_tenant(id);
+            if let Ok(v) = HeaderValue::from_str(tenant.as_str()) {
                 headers.insert(self.tenant_header.clone(), v);
             }
             if let Ok(v) = HeaderValue::from_str(id.principal.as_str()) {
@@ -267,6 +271,12 @@ impl Ctx {
             headers.insert(GATEWAY_TOKEN, token.clone());
         }
     }
+}
+
+/// A field that says where a request came from: believed only from trusted proxies.
+fn is_forwarding(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    n.starts_with("x-forwarded-") || n == FORWARDED.as_str() || n == "x-real-ip"
 }
 
 /// The client end of a connection, computed once per connection.
@@ -353,6 +363,7 @@ async fn route_request(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Re
 fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
     match rest {
         "/metrics" => {
+            ctx.metrics.set_window_full(ctx.window.is_full());
             let mut r = Response::new(full(ctx.metrics.encode()));
             r.headers_mut().insert(
                 CONTENT_TYPE,
@@ -363,7 +374,7 @@ fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
             r
         }
         "/health" => {
-            let window_full = ctx.metrics.is_window_full();
+            let window_full = ctx.window.is_full();
             let degraded = ctx.metrics.is_degraded() || window_full;
             let body = serde_json::json!({
                 "status": if degraded { "degraded" } else { "ok" },

@@ -32,6 +32,8 @@ const RESULT_OVERHEAD: usize = 64 * 1024;
 
 pub struct Window {
     store: Arc<dyn IdempotencyStore>,
+    /// The same store when it is the in-memory one (for its fill level).
+    memory: Option<MemoryStore>,
     wakeups: Wakeups,
     shared: bool,
     metrics: Arc<GatewayMetrics>,
@@ -47,17 +49,21 @@ impl Window {
             max_result_bytes: config.max_stored_bytes + RESULT_OVERHEAD,
         };
         match &config.redis_url {
-            None => Ok(Self {
-                store: Arc::new(MemoryStore::new(MemoryOptions {
+            None => {
+                let memory = MemoryStore::new(MemoryOptions {
                     window: config.window(),
                     limits,
                     max_bytes: config.memory_window_bytes,
                     ..MemoryOptions::default()
-                })),
-                wakeups: Wakeups::local(),
-                shared: false,
-                metrics,
-            }),
+                });
+                Ok(Self {
+                    store: Arc::new(memory.clone()),
+                    memory: Some(memory),
+                    wakeups: Wakeups::local(),
+                    shared: false,
+                    metrics,
+                })
+            }
             Some(url) => {
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| GatewayError::Config(format!("redis_url: {e}")))?;
@@ -86,6 +92,7 @@ impl Window {
                         options,
                         store: Lazy::new(),
                     }),
+                    memory: None,
                     wakeups: Wakeups::redis(client, &config.redis_prefix, config.redis_timeout()),
                     shared: true,
                     metrics,
@@ -103,14 +110,20 @@ impl Window {
         self.store.backend()
     }
 
+    /// Whether the in-memory window refuses new keys right now (never for Redis).
+    pub fn is_full(&self) -> bool {
+        self.memory.as_ref().is_some_and(MemoryStore::is_full)
+    }
+
     fn note<T>(&self, res: &Result<T, StoreError>) {
         if !self.shared {
             return;
         }
         match res {
-            Err(e) if e.is_unavailable() => {
+            // Any failure of the shared window forwards without it: count it degraded.
+            Err(e) if e.is_unavailable() || e.kind() == idem_core::ErrorKind::Backend => {
                 if !self.metrics.set_degraded(true) {
-                    tracing::warn!(error = %e, "short window unreachable: degraded mode, keys are still forwarded and the upstream guards them");
+                    tracing::warn!(error = %e, "short window failing: degraded mode, keys are still forwarded and the upstream guards them");
                 }
             }
             _ => {

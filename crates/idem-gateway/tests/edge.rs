@@ -277,6 +277,8 @@ async fn echoed(gw: &str, xff: &str) -> serde_json::Value {
         .header("x-forwarded-for", xff)
         .header("x-forwarded-proto", "https")
         .header("x-forwarded-host", "evil.example")
+        .header("x-real-ip", "203.0.113.7")
+        .header("x-forwarded-port", "443")
         .send()
         .await
         .unwrap()
@@ -296,6 +298,8 @@ async fn forwarded_for_is_believed_only_from_configured_proxies() {
         "the spoofed entry is gone"
     );
     assert!(h.get("x-forwarded-proto").is_none());
+    assert!(h.get("x-real-ip").is_none());
+    assert!(h.get("x-forwarded-port").is_none());
     assert_ne!(h["x-forwarded-host"], "evil.example");
     gw.stop().await.unwrap();
 
@@ -306,6 +310,21 @@ async fn forwarded_for_is_believed_only_from_configured_proxies() {
     assert_eq!(h["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
     assert_eq!(h["x-forwarded-proto"], "https");
     assert_eq!(h["x-forwarded-host"], "evil.example");
+    // A proxy that adds a line of its own instead of extending the first: both count.
+    let v: serde_json::Value = client()
+        .get(format!("{}/echo", gw.url()))
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("x-forwarded-for", "198.51.100.1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        v["headers"]["x-forwarded-for"],
+        "203.0.113.7, 198.51.100.1, 127.0.0.1"
+    );
     gw.stop().await.unwrap();
 }
 
@@ -351,5 +370,48 @@ async fn problem_details_carry_a_request_id_not_internals() {
     assert_eq!(r.headers()["x-request-id"], "client-req-42");
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["request_id"], "client-req-42");
+    gw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_state_query_never_hands_out_another_requests_result() {
+    let up = stub().await;
+    let mut cfg = config(&up.url());
+    cfg.window_ms = 200;
+    cfg.upstream_timeout_ms = 300;
+    let gw = idem_gateway::start(cfg).await.unwrap();
+    let c = client();
+    let key = fresh("reused-after-window");
+    let first = c
+        .post(format!("{}/v1/orders/O1/pay", gw.url()))
+        .header("x-api-key", T1_KEY)
+        .header("idempotency-key", &key)
+        .body(r#"{"amount":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 201);
+    // The gateway's window forgets the key; the upstream's record stays.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // The same key on another resource, whose exchange times out: the state query
+    // finds O1's record. Its stored 201 must not become O2's answer.
+    up.state
+        .stall_calls(std::time::Duration::from_millis(1000), 1);
+    let second = c
+        .post(format!("{}/v1/orders/O2/pay", gw.url()))
+        .header("x-api-key", T1_KEY)
+        .header("idempotency-key", &key)
+        .body(r#"{"amount":2}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        second.status(),
+        422,
+        "the upstream's own verdict on the re-send"
+    );
+    assert!(!second.headers().contains_key("idempotent-replayed"));
+    assert_eq!(gw.metrics().state_queries("succeeded"), 1);
+    assert_eq!(up.state.executions(&key), 1);
     gw.stop().await.unwrap();
 }

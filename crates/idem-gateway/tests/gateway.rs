@@ -456,10 +456,13 @@ async fn upstream_commits_then_times_out_client_gets_result_via_state_query() {
     assert!(body["order_id"].as_str().unwrap().starts_with("o-"));
     assert_eq!(body["key"], key.as_str());
     assert_eq!(up.state.executions(&key), 1);
-    assert_eq!(up.state.calls(&key), 1, "no blind re-send");
+    // The state query said the key has a result; the same-key re-send got the
+    // upstream's own replay of it (never the state endpoint's copy).
+    assert_eq!(up.state.calls(&key), 2, "one confirming re-send, same key");
     assert_eq!(up.state.state_queries(), 1);
     assert_eq!(gw.metrics().uncertain_results(), 1);
     assert_eq!(gw.metrics().state_queries("succeeded"), 1);
+    assert_eq!(gw.metrics().uncertain_resends(), 1);
 
     // The result is in the window now: a retry is a replay of the same order.
     let again = order(&c, &gw.url(), &key, r#"{"show":"S-204"}"#)
@@ -469,7 +472,7 @@ async fn upstream_commits_then_times_out_client_gets_result_via_state_query() {
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     let again: serde_json::Value = again.json().await.unwrap();
     assert_eq!(again["order_id"], body["order_id"]);
-    assert_eq!(up.state.calls(&key), 1);
+    assert_eq!(up.state.calls(&key), 2);
     gw.stop().await.unwrap();
 }
 
@@ -492,8 +495,8 @@ async fn uncertain_result_while_processing_waits_for_the_upstream_record() {
     assert_eq!(up.state.executions(&key), 1);
     assert_eq!(
         up.state.calls(&key),
-        1,
-        "no re-send while the upstream works"
+        2,
+        "one same-key re-send, once the upstream finished"
     );
     gw.stop().await.unwrap();
 }
@@ -631,7 +634,7 @@ async fn upstream_down_is_502_and_metrics_are_exposed() {
 }
 
 #[tokio::test]
-async fn without_api_keys_the_gateway_is_single_tenant() {
+async fn without_api_keys_each_caller_is_its_own_partition() {
     let up = stub().await;
     let mut cfg = config(&up.url());
     cfg.auth.api_keys.clear();
@@ -644,26 +647,22 @@ async fn without_api_keys_the_gateway_is_single_tenant() {
         let r = c
             .post(format!("{}/v1/echo", gw.url()))
             .header("idempotency-key", &key)
-            .header("authorization", "Bearer caller-a")
+            .header("authorization", "Bearer tok-zzz")
             .body("{}")
             .send()
             .await
             .unwrap();
         let v: serde_json::Value = r.json().await.unwrap();
-        assert_eq!(v["headers"]["x-idem-tenant"], "default");
-        assert_eq!(
-            v["headers"]["authorization"], "Bearer caller-a",
-            "forwarded"
-        );
-        principals.push(
-            v["headers"]["x-idem-principal"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-        );
+        assert_eq!(v["headers"]["authorization"], "Bearer tok-zzz", "forwarded");
+        let principal = v["headers"]["x-idem-principal"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(v["headers"]["x-idem-tenant"], principal.as_str());
+        principals.push(principal);
     }
     assert_eq!(principals[0], principals[1]);
-    assert!(principals[0].starts_with("caller-") && !principals[0].contains("caller-a"));
+    assert!(principals[0].starts_with("caller-") && !principals[0].contains("zzz"));
     // No credential at all on a keyed route: refused, nothing recorded.
     let r = c
         .post(format!("{}/v1/echo", gw.url()))

@@ -4,12 +4,11 @@
 //! it. This module must never read the tenant from a header a client can set freely:
 //! tenant and principal come from credentials the application verified.
 
-use std::collections::HashMap;
-
 use async_trait::async_trait;
 use http::header::{HeaderValue, AUTHORIZATION};
 use http::request::Parts;
 use idem_core::{Principal, TenantId};
+use sha2::{Digest, Sha256};
 
 /// The authenticated caller. The layer also puts it into the request's extensions, so
 /// handlers can read it with `Extension<Identity>`.
@@ -55,9 +54,29 @@ pub trait Authenticate: Send + Sync + 'static {
 /// Static bearer tokens, each standing for one identity: for demos, tests and the
 /// embedded single-machine setup. Tokens are secrets; the tenant never comes from a
 /// header the client chooses.
-#[derive(Debug, Clone, Default)]
+///
+/// Only SHA-256 digests of the tokens are kept, and a presented token is compared with
+/// every one of them in constant time, so neither its content nor its length shows in
+/// the answer time.
+#[derive(Clone, Default)]
 pub struct BearerTokens {
-    tokens: HashMap<String, Identity>,
+    tokens: Vec<(TokenDigest, Identity)>,
+}
+
+type TokenDigest = [u8; 32];
+
+fn digest(secret: &[u8]) -> TokenDigest {
+    Sha256::digest(secret).into()
+}
+
+fn same_digest(a: &TokenDigest, b: &TokenDigest) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether two secrets are equal, in time independent of their content and length
+/// (their digests are compared, not the bytes).
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    same_digest(&digest(a), &digest(b))
 }
 
 impl BearerTokens {
@@ -65,9 +84,41 @@ impl BearerTokens {
         Self::default()
     }
 
+    /// Adds `token` for `identity`; a token given again now stands for the new identity.
     pub fn with(mut self, token: impl Into<String>, identity: Identity) -> Self {
-        self.tokens.insert(token.into(), identity);
+        let d = digest(token.into().as_bytes());
+        self.tokens.retain(|(known, _)| !same_digest(known, &d));
+        self.tokens.push((d, identity));
         self
+    }
+
+    /// How many tokens are configured.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    fn find(&self, token: &str) -> Option<&Identity> {
+        let presented = digest(token.as_bytes());
+        // Every entry is compared: no early exit on a match.
+        let mut found = None;
+        for (known, identity) in &self.tokens {
+            if same_digest(known, &presented) {
+                found = Some(identity);
+            }
+        }
+        found
+    }
+}
+
+impl std::fmt::Debug for BearerTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BearerTokens")
+            .field("tokens", &self.tokens.len())
+            .finish()
     }
 }
 
@@ -89,7 +140,7 @@ impl Authenticate for BearerTokens {
                 challenge,
             });
         };
-        self.tokens.get(token).cloned().ok_or(Unauthenticated {
+        self.find(token).cloned().ok_or(Unauthenticated {
             detail: "the bearer token is not recognised".into(),
             challenge,
         })
@@ -137,5 +188,28 @@ mod tests {
             .is_err());
         let none = auth.authenticate(&parts(None)).await.unwrap_err();
         assert_eq!(none.challenge.unwrap(), "Bearer");
+        assert!(auth
+            .authenticate(&parts(Some("Bearer s3cret-and-more")))
+            .await
+            .is_err());
+        assert!(!format!("{auth:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_token_given_again_is_replaced() {
+        let id = |t: &str| Identity::new(TenantId::new(t).unwrap(), Principal::new("p").unwrap());
+        let auth = BearerTokens::new()
+            .with("tok-1", id("a"))
+            .with("tok-1", id("b"));
+        assert_eq!(auth.len(), 1);
+        assert_eq!(auth.find("tok-1"), Some(&id("b")));
+    }
+
+    #[test]
+    fn secrets_compare_by_digest() {
+        assert!(same_secret(b"admin-secret-token", b"admin-secret-token"));
+        assert!(!same_secret(b"admin-secret-token", b"admin-secret-toke"));
+        assert!(!same_secret(b"", b"x"));
+        assert!(same_secret(b"", b""));
     }
 }

@@ -237,10 +237,14 @@ async fn read_body(parts: &Parts, body: Body, limit: usize) -> Result<Bytes, Pro
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Err(e) => Err(Problem::new(
-            ProblemKind::UnreadableBody,
-            format!("reading the body failed: {e}"),
-        )),
+        Err(e) => {
+            // The cause may name addresses or OS errors: log it, answer plainly.
+            tracing::warn!(error = %e, "reading a keyed request body failed");
+            Err(Problem::new(
+                ProblemKind::UnreadableBody,
+                "the request body could not be read",
+            ))
+        }
     }
 }
 
@@ -293,7 +297,8 @@ where
         Ok(response) => response.map(Body::new),
         Err(e) => {
             let e: BoxError = e.into();
-            Problem::new(ProblemKind::ExecutionFailed, e.to_string()).into_response()
+            tracing::error!(error = %e, "the inner service failed");
+            Problem::new(ProblemKind::ExecutionFailed, "the request failed").into_response()
         }
     }
 }

@@ -3,7 +3,9 @@
 //! The handler runs in its own task, so a client that disconnects (dropping the
 //! response future) cannot cancel it: the record always reaches a final state. Panics
 //! are caught and a configurable timeout bounds the run; both leave the record
-//! FAILED_RETRYABLE, never stuck in PROCESSING. While the handler runs, the lease is
+//! FAILED_RETRYABLE, never stuck in PROCESSING. So does a shutdown that cuts running
+//! executions off ([`Executions::cancel`]): the record is open for a retry at once
+//! instead of after its lease. While the handler runs, the lease is
 //! renewed every `lease / 3`. The response is captured (status, chosen headers, body up
 //! to a limit) and the record finished by the outcome policy — unless the handler
 //! finished it in its own transaction (see [`crate::transactional`]).
@@ -13,6 +15,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,8 +28,10 @@ use http::Request;
 use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use idem_core::{ClaimToken, Finish, Record, RecordState, StoreError};
+use tokio::sync::{watch, Notify};
 use tokio::time::{Instant, MissedTickBehavior};
 use tower::Service;
+use tracing::Instrument;
 
 use crate::headers::{IDEMPOTENCY_EXPIRES, IDEMPOTENT_BODY_OMITTED};
 use crate::layer::{BoxError, Shared};
@@ -47,6 +52,79 @@ enum Failure {
     /// The response body failed while it was being read.
     BodyFailed(String),
     TimedOut,
+    /// The server shut down before the handler finished.
+    CutOff,
+}
+
+/// The executions running under a claim in this layer, so a shutdown can cut them off
+/// and wait until their records are written.
+#[derive(Debug)]
+pub(crate) struct Executions {
+    cancelled: watch::Sender<bool>,
+    running: AtomicUsize,
+    idle: Notify,
+}
+
+impl Default for Executions {
+    fn default() -> Self {
+        Self {
+            cancelled: watch::channel(false).0,
+            running: AtomicUsize::new(0),
+            idle: Notify::new(),
+        }
+    }
+}
+
+/// One running execution; dropping it counts it out.
+struct Running(Arc<Executions>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Executions {
+    fn start(self: &Arc<Self>) -> Running {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        Running(self.clone())
+    }
+
+    pub(crate) fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Cuts off every running execution, and every one that starts from now on.
+    pub(crate) fn cancel(&self) {
+        self.cancelled.send_replace(true);
+    }
+
+    fn is_cancelled(&self) -> bool {
+        *self.cancelled.borrow()
+    }
+
+    /// Resolves once cancelled.
+    fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.cancelled.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+
+    /// Resolves when no execution is running.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.running() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 enum CapturedBody<B> {
@@ -77,13 +155,20 @@ where
     let claim = TransactionalClaim::new(token.clone(), shared.capture.clone());
     parts.extensions.insert(claim.clone());
     let request = Request::from_parts(parts, Body::from(body));
-    let task = tokio::spawn(run_under_claim(
-        shared.clone(),
-        inner,
-        request,
-        token.clone(),
-        claim,
-    ));
+    // Counted from here, so a shutdown waits for this record even if the client left.
+    let running = shared.executions.start();
+    let task = tokio::spawn(
+        run_under_claim(
+            shared.clone(),
+            inner,
+            request,
+            token.clone(),
+            claim,
+            running,
+        )
+        // The request's span (its request id), for the handler's logs too.
+        .instrument(tracing::Span::current()),
+    );
     match task.await {
         Ok(response) => response,
         Err(join_error) => {
@@ -110,6 +195,7 @@ async fn run_under_claim<S, B>(
     request: Request<Body>,
     token: ClaimToken,
     claim: TransactionalClaim,
+    _running: Running,
 ) -> Response
 where
     S: Service<Request<Body>, Response = http::Response<B>> + Send + 'static,
@@ -119,7 +205,10 @@ where
     B::Error: Into<BoxError>,
 {
     let config = &shared.config;
-    let ended = {
+    let ended = if shared.executions.is_cancelled() {
+        // Claimed after the cut-off: do not start the handler at all.
+        Ended::Failed(Failure::CutOff)
+    } else {
         let work = std::pin::pin!(run_handler(inner, request, shared.capture.max_stored_body));
         let mut work = work;
         let timeout = tokio::time::sleep(config.execution_timeout);
@@ -127,15 +216,18 @@ where
         let period = (config.lease / 3).max(Duration::from_millis(10));
         let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut cut_off = std::pin::pin!(shared.executions.cancelled());
         loop {
             tokio::select! {
                 biased;
                 ended = &mut work => break ended,
                 _ = &mut timeout => break Ended::Failed(Failure::TimedOut),
+                _ = &mut cut_off => break Ended::Failed(Failure::CutOff),
                 _ = heartbeat.tick() => renew_lease(&shared, &token).await,
             }
         }
-        // Leaving this block drops the handler's future: a timed-out handler is cancelled.
+        // Leaving this block drops the handler's future: a timed-out or cut-off handler
+        // is cancelled, and an open transaction of its rolls back.
     };
 
     let capture = &shared.capture;
@@ -163,16 +255,33 @@ where
                     "the handler panicked; retry with the same key".to_owned(),
                     ExecutionOutcome::Panicked,
                 ),
-                Failure::ServiceError(e) => (
-                    ProblemKind::ExecutionFailed,
-                    format!("the handler failed ({e}); retry with the same key"),
-                    ExecutionOutcome::FailedRetryable,
-                ),
-                Failure::BodyFailed(e) => (
-                    ProblemKind::ExecutionFailed,
-                    format!("the response body failed ({e}); retry with the same key"),
-                    ExecutionOutcome::FailedRetryable,
-                ),
+                Failure::ServiceError(e) => {
+                    // The error text is for the log; clients get a stable message.
+                    tracing::error!(scope = %token.scope, error = %e, "the handler failed");
+                    (
+                        ProblemKind::ExecutionFailed,
+                        "the handler failed; retry with the same key".to_owned(),
+                        ExecutionOutcome::FailedRetryable,
+                    )
+                }
+                Failure::BodyFailed(e) => {
+                    tracing::error!(scope = %token.scope, error = %e, "the response body failed");
+                    (
+                        ProblemKind::ExecutionFailed,
+                        "the response body failed; retry with the same key".to_owned(),
+                        ExecutionOutcome::FailedRetryable,
+                    )
+                }
+                Failure::CutOff => {
+                    tracing::warn!(scope = %token.scope, "execution cut off by the shutdown");
+                    (
+                        ProblemKind::ExecutionFailed,
+                        "the server shut down before the request finished; retry with the \
+                         same key"
+                            .to_owned(),
+                        ExecutionOutcome::FailedRetryable,
+                    )
+                }
                 Failure::TimedOut => (
                     ProblemKind::ExecutionTimeout,
                     format!(

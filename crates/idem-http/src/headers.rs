@@ -23,6 +23,22 @@ pub const IDEMPOTENT_RECONSTRUCTED: HeaderName =
 /// response was delivered in full, the replay has the status and headers only.
 pub const IDEMPOTENT_BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-body-omitted");
 
+/// Correlates an answer with the log lines (and the upstream's) of its request.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The client's own request id, when it is short and plain enough to log and echo
+/// (1 to 64 of `A-Z a-z 0-9 - _ . :`); otherwise the server makes one.
+pub fn client_request_id(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            (1..=64).contains(&v.len())
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        })
+}
+
 /// Why a request's `Idempotency-Key` could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyHeaderError {

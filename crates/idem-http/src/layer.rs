@@ -23,6 +23,7 @@ use tower::{Layer, Service};
 use crate::auth::Authenticate;
 use crate::completion::CompletionSignals;
 use crate::config::IdempotencyConfig;
+use crate::execute::Executions;
 use crate::metrics::IdempotencyMetrics;
 use crate::replay::Capture;
 use crate::retention::ReconstructResponse;
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     pub reconstruct: Option<Arc<dyn ReconstructResponse>>,
     /// Checked on fresh claims: archived keys answer 410 instead of executing.
     pub archive: Option<Arc<dyn ArchiveLookup>>,
+    /// Handlers running under a claim (shared by every clone of the layer).
+    pub executions: Arc<Executions>,
 }
 
 /// Owner ids for claims: one prefix per layer instance, a sequence number per claim, so
@@ -93,6 +96,7 @@ impl IdempotencyLayer {
                 owners: Arc::new(OwnerIds::new()),
                 reconstruct: None,
                 archive: None,
+                executions: Arc::default(),
             }),
         }
     }
@@ -128,6 +132,20 @@ impl IdempotencyLayer {
 
     pub fn metrics(&self) -> &IdempotencyMetrics {
         &self.shared.metrics
+    }
+
+    /// Handlers running under a claim right now.
+    pub fn executions_running(&self) -> usize {
+        self.shared.executions.running()
+    }
+
+    /// For a shutdown whose grace ran out: cuts off every handler still running under a
+    /// claim (and any claim that proceeds from now on). Each is cancelled — an open
+    /// transaction of its rolls back — and its record finished FAILED_RETRYABLE at once,
+    /// so a retry need not wait out the lease. Resolves when every record is written.
+    pub async fn cut_off_executions(&self) {
+        self.shared.executions.cancel();
+        self.shared.executions.idle().await;
     }
 
     fn edit(self, f: impl FnOnce(&mut Shared)) -> Self {

@@ -8,21 +8,36 @@
 //! and the record that makes it idempotent exist together or not at all.
 //!
 //! Tenants come only from authentication (bearer API keys); another tenant's order is
-//! 404. Admin routes (freezes, shows) need the admin token and are outside the layer.
+//! 404. Admin routes (freezes, shows) and `/metrics` need the admin token and are
+//! outside the layer.
+//!
+//! Every request carries a request id (the client's `x-request-id` when it is short
+//! visible ASCII, else a fresh one): answered in `x-request-id`, added as `request_id`
+//! to the problem+json of server failures and 408s, and on the span of the request's
+//! logs. Internal errors are logged with it and answered with a stable message, never
+//! the error's text. Request bodies are read in full, within the body read timeout,
+//! before a handler or the layer sees them (408 otherwise).
+//!
 //! This module owns the wire; it must not decide business rules (that is
 //! [`crate::service`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{FromRequestParts, Path, Query, State};
-use axum::http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::header::{
+    HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER,
+};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Router};
+use bytes::BytesMut;
+use futures::StreamExt;
 use idem_core::{IdempotencyKey, IdempotencyStore, RecordState, Scope, StoreError, TenantId};
 use idem_http::problem::{Problem, ProblemKind};
 use idem_http::{Authenticate, IdempotencyLayer, Identity, TransactionalClaim, PROBLEM_JSON};
@@ -30,6 +45,7 @@ use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::db::Database;
 use crate::error::{Error, OrderError};
@@ -52,6 +68,10 @@ pub(crate) struct AppState {
     pub(crate) registry: Arc<Registry>,
     pub(crate) metrics: OrdersMetrics,
     pub(crate) openapi: Arc<serde_json::Value>,
+    /// A request body must arrive in full within this.
+    pub(crate) body_read_timeout: Duration,
+    /// Bodies larger than this are refused (the layer's limit, applied to every route).
+    pub(crate) max_body: usize,
 }
 
 impl AppState {
@@ -84,10 +104,27 @@ pub(crate) fn router(state: AppState, layer: IdempotencyLayer, legacy: bool) -> 
     tenant_api
         .merge(admin)
         .merge(public)
-        .fallback(|| async {
-            ApiError::new(StatusCode::NOT_FOUND, "not-found", "No such route", "")
-        })
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            read_body_in_time,
+        ))
+        .layer(middleware::from_fn(request_ids))
         .with_state(state)
+}
+
+/// The routes of the separate metrics address: `/metrics` only, without credentials
+/// (that address is meant for an internal interface).
+pub(crate) fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(open_metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn(request_ids))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not-found", "No such route", "")
 }
 
 /// The legacy route (demo only).
@@ -134,6 +171,8 @@ impl ApiError {
         self
     }
 
+    /// The error's text goes to the log (on the request's span, with its request id);
+    /// the client gets a stable message and the request id to quote.
     fn internal(e: &Error) -> Self {
         if e.is_unavailable() {
             tracing::warn!(error = %e, "dependency unavailable");
@@ -141,7 +180,8 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service-unavailable",
                 "A dependency is unavailable; retry with the same key",
-                e.to_string(),
+                "a database or broker the service needs did not answer; retry with the same \
+                 key",
             )
             .retry_after(1)
         } else {
@@ -150,7 +190,8 @@ impl ApiError {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal-error",
                 "Internal error; retry with the same key",
-                e.to_string(),
+                "the service failed on this request; retry with the same key, and quote the \
+                 request_id when reporting it",
             )
         }
     }
@@ -338,11 +379,6 @@ impl Caller {
     }
 }
 
-/// Constant-time comparison, so the admin token does not leak through timing.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = &state.admin_token else {
         return Err(ApiError::new(
@@ -359,7 +395,10 @@ fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
     match presented {
-        Some(token) if same_secret(token.as_bytes(), expected.as_bytes()) => Ok(()),
+        // Digests compared in constant time: neither content nor length leaks.
+        Some(token) if idem_http::auth::same_secret(token.as_bytes(), expected.as_bytes()) => {
+            Ok(())
+        }
         _ => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "admin-unauthenticated",
@@ -435,11 +474,13 @@ async fn commit<T>(
                     Err(e @ StoreError::Superseded { .. }) => {
                         // The claim moved on (its lease ran out and another request took
                         // it over): this transaction must not commit.
+                        tracing::warn!(error = %e, "claim superseded before the commit");
                         return Err(ApiError::new(
                             StatusCode::INTERNAL_SERVER_ERROR,
                             "claim-superseded",
                             "This request lost its claim on the key; retry with the same key",
-                            e.to_string(),
+                            "another request took the key over before this one committed; \
+                             nothing was written",
                         ));
                     }
                     Err(e) => return Err(ApiError::internal(&e.into())),
@@ -764,6 +805,7 @@ async fn post_freeze(
     require_admin(&state, &headers)?;
     let request = parse_json::<FreezeBody>(&body)?.request()?;
     let change = freeze::apply_freeze(state.db(), &request).await?;
+    refresh_after_change(&state).await;
     let status = if change.changed.is_empty() {
         StatusCode::OK
     } else {
@@ -780,6 +822,7 @@ async fn post_unfreeze(
     require_admin(&state, &headers)?;
     let request = parse_json::<FreezeBody>(&body)?.request()?;
     let change = freeze::apply_unfreeze(state.db(), &request).await?;
+    refresh_after_change(&state).await;
     // Frozen deliveries are due now: wake the chain.
     state.orders.signal_outbox();
     Ok(Answer::json(StatusCode::OK, &change, None)?.into_response())
@@ -861,22 +904,24 @@ async fn healthz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let db = state.db();
-    let freezes = freeze::active_freezes(db).await?;
-    let (pending, unpublished) = {
-        let mut conn = db.acquire().await?;
-        let mut c = conn.conn();
-        let pending = ledgers::pending_by_consumer(&mut c).await?;
-        let unpublished = c
-            .one(crate::db::sql(
-                "SELECT COUNT(*) AS n FROM outbox_messages WHERE published_at IS NULL",
-            ))
-            .await?
-            .int("n")?;
-        (pending, unpublished)
-    };
-    state.metrics.observe_state(&freezes, &pending, unpublished);
+/// `/metrics` on the main address: the admin token is required (the series describe
+/// every tenant's traffic).
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    if state.admin_token.is_none() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "admin-disabled",
+            "The admin API is disabled",
+            "start the server with an admin token, or serve metrics on --metrics-listen",
+        ));
+    }
+    require_admin(&state, &headers)?;
+    open_metrics(State(state)).await
+}
+
+/// The registry as it is: a scrape reads no database (the state gauges are refreshed in
+/// the background and after admin changes).
+async fn open_metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &state.registry)
         .map_err(|e| ApiError::internal(&Error::Backend(e.to_string())))?;
@@ -890,6 +935,176 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         .into_response())
 }
 
+/// Reads the state gauges (freezes, pending deliveries, unpublished outbox) from the
+/// database into `metrics`.
+pub(crate) async fn refresh_state_gauges(
+    db: &Database,
+    metrics: &OrdersMetrics,
+) -> Result<(), Error> {
+    let freezes = freeze::active_freezes(db).await?;
+    let (pending, unpublished) = {
+        let mut conn = db.acquire().await?;
+        let mut c = conn.conn();
+        let pending = ledgers::pending_by_consumer(&mut c).await?;
+        let unpublished = c
+            .one(crate::db::sql(
+                "SELECT COUNT(*) AS n FROM outbox_messages WHERE published_at IS NULL",
+            ))
+            .await?
+            .int("n")?;
+        (pending, unpublished)
+    };
+    metrics.observe_state(&freezes, &pending, unpublished);
+    Ok(())
+}
+
+/// A freeze changed through this server: the gauges show it at once.
+async fn refresh_after_change(state: &AppState) {
+    if let Err(e) = refresh_state_gauges(state.db(), &state.metrics).await {
+        tracing::warn!(error = %e, "could not refresh the state gauges");
+    }
+}
+
 async fn openapi(State(state): State<AppState>) -> Response {
     axum::Json((*state.openapi).clone()).into_response()
+}
+
+// ---------------------------------------------------------------------------------------
+// Request ids and request bodies
+
+/// `x-request-id`: taken from the client when acceptable, always answered.
+pub use idem_http::headers::REQUEST_ID;
+
+/// Problem bodies are small; anything larger is passed on untouched.
+const MAX_PROBLEM_BODY: usize = 64 * 1024;
+
+async fn request_ids(request: Request, next: Next) -> Response {
+    let id: Arc<str> = idem_http::headers::client_request_id(request.headers())
+        .map(Arc::from)
+        .unwrap_or_else(|| Arc::from(uuid::Uuid::now_v7().simple().to_string()));
+    // An error-level span, so its id shows on every logged warning and error.
+    let span = tracing::error_span!("request", request_id = %id);
+    let response = next.run(request).instrument(span).await;
+    with_request_id(response, &id).await
+}
+
+/// Adds `x-request-id` to the answer, and `request_id` to the problem+json of a failure
+/// that is never replayed (5xx, 408): a refusal stored under its key must replay byte
+/// for byte, so its body stays as the layer stored it.
+async fn with_request_id(response: Response, id: &str) -> Response {
+    let (mut parts, body) = response.into_parts();
+    if let Ok(value) = HeaderValue::from_str(id) {
+        parts.headers.insert(REQUEST_ID, value);
+    }
+    let never_replayed =
+        parts.status.is_server_error() || parts.status == StatusCode::REQUEST_TIMEOUT;
+    let is_problem = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(PROBLEM_JSON));
+    if !(never_replayed && is_problem) {
+        return Response::from_parts(parts, body);
+    }
+    let bytes = match axum::body::to_bytes(body, MAX_PROBLEM_BODY).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::warn!(error = %e, "problem body unreadable");
+            parts.headers.remove(CONTENT_LENGTH);
+            return Response::from_parts(parts, Body::empty());
+        }
+    };
+    let body = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(mut problem)) => {
+            problem
+                .entry("request_id")
+                .or_insert_with(|| serde_json::Value::from(id));
+            Bytes::from(serde_json::to_vec(&problem).unwrap_or_else(|_| bytes.to_vec()))
+        }
+        _ => bytes,
+    };
+    parts.headers.remove(CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}
+
+enum BodyRead {
+    TooLarge,
+    Broken(axum::Error),
+}
+
+/// Reads the whole request body, at most `max_body` bytes and within the body read
+/// timeout, before any route sees it: a client that stalls gets 408 and its connection
+/// closed, having recorded nothing.
+async fn read_body_in_time(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    if http_body::Body::is_end_stream(&body) {
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    let limit = state.max_body;
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return too_large(limit);
+    }
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(BodyRead::Broken)?;
+            if buf.len() + chunk.len() > limit {
+                return Err(BodyRead::TooLarge);
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf.freeze())
+    };
+    match tokio::time::timeout(state.body_read_timeout, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(BodyRead::TooLarge)) => too_large(limit),
+        Ok(Err(BodyRead::Broken(e))) => {
+            tracing::warn!(error = %e, "reading the request body failed");
+            Problem::new(
+                ProblemKind::UnreadableBody,
+                "the request body could not be read; nothing was recorded",
+            )
+            .into_response()
+        }
+        Err(_) => {
+            let mut response = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request-timeout",
+                "The request body was not received in time",
+                format!(
+                    "the request body did not arrive within {} ms; nothing was recorded, \
+                     retry with the same key",
+                    state.body_read_timeout.as_millis()
+                ),
+            )
+            .into_response();
+            // The rest of the body will not be read: the connection cannot be reused.
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
+}
+
+/// The layer's own 413, for bodies refused before they reach it.
+fn too_large(limit: usize) -> Response {
+    Problem::new(
+        ProblemKind::RequestTooLarge,
+        format!("the body is larger than {limit} bytes; nothing was recorded"),
+    )
+    .into_response()
 }

@@ -31,7 +31,8 @@ pub enum FreezeScope {
 }
 
 impl FreezeScope {
-    fn kind(&self) -> &'static str {
+    /// `user`, `show` or `all`: what a metric may say about a scope (never its value).
+    pub fn kind(&self) -> &'static str {
         match self {
             FreezeScope::User(_) => "user",
             FreezeScope::Show(_) => "show",

@@ -57,6 +57,8 @@ pub use demo::{demo_incident, ArmReport, Arrival, DemoOptions, DemoReport};
 pub use error::{Error, OrderError};
 pub use freeze::{Freeze, FreezeChange, FreezeRequest, FreezeScope, FreezeWhat};
 pub use machine::{IllegalTransition, OrderEvent, OrderStatus};
-pub use server::{bind, serve, ApiKey, App, DevCredentials, ServeConfig, Server, ServiceOptions};
+pub use server::{
+    bind, serve, ApiKey, App, DevCredentials, HttpTimeouts, ServeConfig, Server, ServiceOptions,
+};
 pub use service::{Faults, Handled, LeaseTimings, NewOrder, Orders, OrdersOptions, SlowCreate};
 pub use views::OrderView;

@@ -10,13 +10,16 @@
 //! | `idem_orders_messages_published_total` | `transport` | outbox messages handed to a transport |
 //! | `idem_orders_deliveries_total` | `consumer`, `result` | consumer runs: `done`, `duplicate`, `deferred`, `failed` |
 //! | `idem_orders_frozen_deferrals_total` | `what` | work put back because of a freeze |
-//! | `idem_orders_freeze_active` | `tenant`, `scope`, `what` | 1 per active freeze (read at scrape) |
-//! | `idem_orders_pending_deliveries` | `consumer` | queued in-process deliveries (read at scrape) |
-//! | `idem_orders_outbox_unpublished` | — | outbox messages not yet published (read at scrape) |
+//! | `idem_orders_freeze_active` | `scope_kind` (`user`, `show`, `all`), `what` | active freezes |
+//! | `idem_orders_pending_deliveries` | `consumer` | queued in-process deliveries |
+//! | `idem_orders_outbox_unpublished` | — | outbox messages not yet published |
 //!
-//! Gauges read at scrape come from the database, so a freeze applied with `idem freeze`
-//! directly on the database shows up too. This module only counts; it must not read the
-//! database itself or register anything globally (the caller hands it the readings).
+//! Every label has a fixed set of values: no user, show or tenant id is ever a label
+//! (they would be personal data and unbounded). The three state gauges come from the
+//! database, so a freeze applied with `idem freeze` directly on the database shows up
+//! too — read by the server in the background, never by a scrape. This module only
+//! counts; it must not read the database itself or register anything globally (the
+//! caller hands it the readings).
 
 use std::sync::Arc;
 
@@ -27,6 +30,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::freeze::{Freeze, FreezeWhat};
+use crate::service::consumers;
+
+/// The values of `consumer`; a consumer the database names otherwise counts as `other`.
+const CONSUMERS: [&str; 3] = [
+    consumers::PAYMENT_CONFIRMER,
+    consumers::TICKET_ISSUER,
+    consumers::INVENTORY_RELEASER,
+];
+const SCOPE_KINDS: [&str; 3] = ["user", "show", "all"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteLabel {
@@ -61,14 +73,13 @@ struct WhatLabel {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct FreezeLabels {
-    tenant: String,
-    scope: String,
+    scope_kind: &'static str,
     what: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ConsumerLabel {
-    consumer: String,
+    consumer: &'static str,
 }
 
 #[derive(Debug, Default)]
@@ -131,7 +142,7 @@ impl OrdersMetrics {
         );
         registry.register(
             "idem_orders_freeze_active",
-            "Active freeze switches (1 each)",
+            "Active freeze switches, by kind of scope and what they stop",
             i.freeze_active.clone(),
         );
         registry.register(
@@ -191,7 +202,8 @@ impl OrdersMetrics {
             .inc();
     }
 
-    /// Replaces the scrape-time gauges with what the database says now.
+    /// Replaces the state gauges with what the database says now. Every label value is
+    /// written (zero when nothing matches), so the series do not come and go.
     pub(crate) fn observe_state(
         &self,
         freezes: &[Freeze],
@@ -199,24 +211,93 @@ impl OrdersMetrics {
         unpublished: i64,
     ) {
         let i = &self.inner;
-        i.freeze_active.clear();
-        for f in freezes {
-            i.freeze_active
-                .get_or_create(&FreezeLabels {
-                    tenant: f.tenant.clone().unwrap_or_else(|| "*".into()),
-                    scope: f.scope.to_string(),
-                    what: f.what.as_str(),
-                })
-                .set(1);
+        for scope_kind in SCOPE_KINDS {
+            for what in FreezeWhat::ALL {
+                let n = freezes
+                    .iter()
+                    .filter(|f| f.scope.kind() == scope_kind && f.what == what)
+                    .count();
+                i.freeze_active
+                    .get_or_create(&FreezeLabels {
+                        scope_kind,
+                        what: what.as_str(),
+                    })
+                    .set(n as i64);
+            }
         }
-        i.pending.clear();
+        let mut by_consumer = [0i64; CONSUMERS.len()];
+        let mut other = 0;
         for (consumer, n) in pending {
-            i.pending
-                .get_or_create(&ConsumerLabel {
-                    consumer: consumer.clone(),
-                })
-                .set(*n);
+            match CONSUMERS.iter().position(|c| c == consumer) {
+                Some(at) => by_consumer[at] += n,
+                None => other += n,
+            }
         }
+        for (consumer, n) in CONSUMERS.iter().zip(by_consumer) {
+            i.pending.get_or_create(&ConsumerLabel { consumer }).set(n);
+        }
+        i.pending
+            .get_or_create(&ConsumerLabel { consumer: "other" })
+            .set(other);
         i.unpublished.set(unpublished);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::freeze::FreezeScope;
+
+    fn freeze(scope: FreezeScope, what: FreezeWhat) -> Freeze {
+        Freeze {
+            freeze_id: "frz-1".into(),
+            tenant: Some("acme".into()),
+            scope,
+            what,
+            reason: None,
+            frozen_by: "op".into(),
+            frozen_at: "2025-01-01T00:00:00Z".into(),
+            unfrozen_at: None,
+            unfrozen_by: None,
+        }
+    }
+
+    #[test]
+    fn state_labels_carry_no_ids() {
+        let m = OrdersMetrics::default();
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let user = FreezeScope::User("alice@example.com".into());
+        m.observe_state(
+            &[
+                freeze(user.clone(), FreezeWhat::Ticketing),
+                freeze(FreezeScope::User("bob".into()), FreezeWhat::Ticketing),
+                freeze(FreezeScope::Show("S-1".into()), FreezeWhat::PaymentConfirm),
+            ],
+            &[("ticket-issuer".into(), 2), ("someone-else".into(), 1)],
+            3,
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for id in ["alice", "bob", "S-1", "acme", "someone-else"] {
+            assert!(!text.contains(id), "{id} in:\n{text}");
+        }
+        for series in [
+            "idem_orders_freeze_active{scope_kind=\"user\",what=\"ticketing\"} 2",
+            "idem_orders_freeze_active{scope_kind=\"show\",what=\"payment-confirm\"} 1",
+            "idem_orders_freeze_active{scope_kind=\"all\",what=\"ticketing\"} 0",
+            "idem_orders_pending_deliveries{consumer=\"ticket-issuer\"} 2",
+            "idem_orders_pending_deliveries{consumer=\"other\"} 1",
+            "idem_orders_outbox_unpublished 3",
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+        // Unfrozen: the series stay, at zero.
+        m.observe_state(&[], &[], 0);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("idem_orders_freeze_active{scope_kind=\"user\",what=\"ticketing\"} 0")
+        );
     }
 }

@@ -7,8 +7,14 @@
 //!
 //! API keys map to tenants. With none configured the server makes a development key
 //! (tenant `dev`) and an admin token, reports them, and listens on loopback only.
-//! This module must not contain business rules or HTTP handlers.
+//!
+//! Connections are served by hyper directly (not `axum::serve`), for its request-head
+//! timeout ([`HttpTimeouts`]); a shutdown stops accepting, lets requests in flight finish
+//! within the grace, then cuts off the executions still running so their keys are open
+//! for a retry at once. The state gauges of `/metrics` are refreshed in the background,
+//! never by a scrape. This module must not contain business rules or HTTP handlers.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::str::FromStr;
@@ -16,6 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use idem_core::{OutcomePolicy, Principal, TenantId};
 use idem_http::{
     BearerTokens, IdempotencyConfig, IdempotencyLayer, IdempotencyMetrics, Identity,
@@ -23,7 +32,8 @@ use idem_http::{
 };
 use idem_lease::LeaseMetrics;
 use prometheus_client::registry::Registry;
-use tokio::sync::oneshot;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, LEGACY_ROUTE};
@@ -70,6 +80,77 @@ impl FromStr for ApiKey {
     }
 }
 
+impl ApiKey {
+    /// Keys from a file: one `TENANT=SECRET` per line; blank lines and lines starting
+    /// with `#` are skipped. Errors name the line, never the secret.
+    pub fn parse_lines(text: &str, origin: &str) -> Result<Vec<ApiKey>, Error> {
+        text.lines()
+            .enumerate()
+            .map(|(n, line)| (n + 1, line.trim()))
+            .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
+            .map(|(n, line)| {
+                line.parse()
+                    .map_err(|e: Error| Error::InvalidInput(format!("{origin} line {n}: {e}")))
+            })
+            .collect()
+    }
+
+    /// Keys from one string of comma-separated `TENANT=SECRET` (an environment
+    /// variable); such secrets cannot contain a comma.
+    pub fn parse_list(text: &str, origin: &str) -> Result<Vec<ApiKey>, Error> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .enumerate()
+            .map(|(n, item)| {
+                item.parse().map_err(|e: Error| {
+                    Error::InvalidInput(format!("{origin} item {}: {e}", n + 1))
+                })
+            })
+            .collect()
+    }
+}
+
+/// The shortest admin token accepted.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+
+/// Refuses credentials that cannot be told apart or guessed: one secret for two
+/// tenants, a short admin token, an admin token that is also an API key. Drops exact
+/// repeats (the same key given in two places).
+fn check_credentials(keys: Vec<ApiKey>, admin_token: Option<&str>) -> Result<Vec<ApiKey>, Error> {
+    let mut by_secret: HashMap<&str, &TenantId> = HashMap::new();
+    let mut unique = Vec::with_capacity(keys.len());
+    for key in &keys {
+        match by_secret.get(key.secret.as_str()) {
+            Some(tenant) if **tenant == key.tenant => continue,
+            Some(tenant) => {
+                return Err(Error::InvalidInput(format!(
+                    "one API key secret is configured for tenants {tenant} and {}: give each \
+                     tenant its own secret",
+                    key.tenant
+                )))
+            }
+            None => {
+                by_secret.insert(&key.secret, &key.tenant);
+                unique.push(key.clone());
+            }
+        }
+    }
+    if let Some(token) = admin_token {
+        if token.len() < MIN_ADMIN_TOKEN_LEN || !token.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(Error::InvalidInput(format!(
+                "the admin token must be at least {MIN_ADMIN_TOKEN_LEN} visible ASCII characters"
+            )));
+        }
+        if by_secret.contains_key(token) {
+            return Err(Error::InvalidInput(
+                "the admin token is also an API key secret: give it its own value".into(),
+            ));
+        }
+    }
+    Ok(unique)
+}
+
 /// What `idem serve` was asked for.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -77,8 +158,10 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// `sqlite://PATH` or `postgres://…`; default [`DEFAULT_URL`].
     pub database_url: Option<String>,
+    /// One secret per tenant (a secret given for two tenants is refused).
     pub api_keys: Vec<ApiKey>,
-    /// Enables the admin API (freezes, shows).
+    /// Enables the admin API (freezes, shows) and `/metrics`; at least
+    /// [`MIN_ADMIN_TOKEN_LEN`] characters.
     pub admin_token: Option<String>,
     /// Relay the outbox to NATS JetStream instead of in process.
     pub nats_url: Option<String>,
@@ -98,7 +181,47 @@ impl Default for ServeConfig {
     }
 }
 
-/// Settings below the command line (tests, the demo, embedding).
+/// The HTTP server's time limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpTimeouts {
+    /// A request head (request line and headers) must arrive within this, or the
+    /// connection is closed; a keep-alive connection idle this long is closed too.
+    /// Default 10 s.
+    pub header_read: Duration,
+    /// A request body must arrive in full within this, or the answer is 408 and nothing
+    /// is recorded. Default 10 s.
+    pub body_read: Duration,
+    /// After a shutdown signal, requests in flight get this long to finish; executions
+    /// still running then are cut off and their keys left FAILED_RETRYABLE. Default 10 s.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HttpTimeouts {
+    fn default() -> Self {
+        Self {
+            header_read: Duration::from_secs(10),
+            body_read: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl HttpTimeouts {
+    fn check(&self) -> Result<(), Error> {
+        if self.header_read.is_zero() || self.body_read.is_zero() {
+            return Err(Error::InvalidInput(
+                "the header and body read timeouts must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How long the records of cut-off executions may take to be written at shutdown.
+const CUT_OFF_WRITE: Duration = Duration::from_secs(5);
+
+/// Settings below the command line's basics (tests, the demo, embedding); `idem serve`
+/// sets the timeouts and the metrics address from its flags.
 #[derive(Debug, Clone)]
 pub struct ServiceOptions {
     /// PostgreSQL schema for every table.
@@ -115,6 +238,13 @@ pub struct ServiceOptions {
     /// How long a duplicate waits for the first request with its key before 409.
     pub in_progress_wait: Duration,
     pub orders: OrdersOptions,
+    pub timeouts: HttpTimeouts,
+    /// Also serve `/metrics`, without credentials, on this address (an internal
+    /// interface). On the main address `/metrics` needs the admin token.
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often the state gauges (freezes, pending deliveries, unpublished outbox) are
+    /// read from the database; a scrape never reads it. Default 5 s.
+    pub metrics_refresh: Duration,
 }
 
 impl Default for ServiceOptions {
@@ -128,6 +258,9 @@ impl Default for ServiceOptions {
             legacy_route: false,
             in_progress_wait: Duration::from_secs(10),
             orders: OrdersOptions::default(),
+            timeouts: HttpTimeouts::default(),
+            metrics_listen: None,
+            metrics_refresh: Duration::from_secs(5),
         }
     }
 }
@@ -151,6 +284,10 @@ pub struct App {
     pub dev_credentials: Option<DevCredentials>,
     pub admin_enabled: bool,
     run_chain: bool,
+    layer: IdempotencyLayer,
+    metrics: OrdersMetrics,
+    metrics_router: Router,
+    options: ServiceOptions,
 }
 
 /// The idempotency layer's configuration for this service.
@@ -175,6 +312,8 @@ fn random_secret(prefix: &str) -> String {
 
 impl App {
     pub async fn build(config: &ServeConfig) -> Result<App, Error> {
+        config.options.timeouts.check()?;
+        let mut keys = check_credentials(config.api_keys.clone(), config.admin_token.as_deref())?;
         let url = config.database_url.as_deref().unwrap_or(DEFAULT_URL);
         let database = Database::open(
             url,
@@ -185,7 +324,6 @@ impl App {
         )
         .await?;
 
-        let mut keys = config.api_keys.clone();
         let mut admin_token = config.admin_token.clone();
         let mut listen = config.listen;
         let dev_credentials = if keys.is_empty() {
@@ -253,6 +391,7 @@ impl App {
         let openapi = crate::openapi::spec(&idem_config, config.options.legacy_route);
         let store = database.idempotency_store();
         let auth: Arc<dyn idem_http::Authenticate> = Arc::new(auth);
+        let max_body = idem_config.max_request_body;
         let layer = IdempotencyLayer::from_arcs(store.clone(), auth.clone())
             .with_config(idem_config)
             .with_metrics(idem_metrics);
@@ -262,10 +401,13 @@ impl App {
             store,
             admin_token: admin_token.as_deref().map(Arc::from),
             registry: Arc::new(registry),
-            metrics,
+            metrics: metrics.clone(),
             openapi: Arc::new(openapi),
+            body_read_timeout: config.options.timeouts.body_read,
+            max_body,
         };
-        let router = api::router(state, layer, config.options.legacy_route);
+        let metrics_router = api::metrics_router(state.clone());
+        let router = api::router(state, layer.clone(), config.options.legacy_route);
         Ok(App {
             router,
             orders,
@@ -275,6 +417,10 @@ impl App {
             dev_credentials,
             admin_enabled: admin_token.is_some(),
             run_chain: config.options.run_chain,
+            layer,
+            metrics,
+            metrics_router,
+            options: config.options.clone(),
         })
     }
 }
@@ -282,12 +428,14 @@ impl App {
 /// A listening server and its chain.
 pub struct Server {
     addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
     dev_credentials: Option<DevCredentials>,
     orders: Orders,
     chain: Chain,
     chain_handle: Option<ChainHandle>,
-    shutdown: Option<oneshot::Sender<()>>,
+    stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), Error>>,
+    refresher: JoinHandle<()>,
     backend: &'static str,
 }
 
@@ -300,6 +448,11 @@ impl Server {
     /// `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Where `/metrics` is served without credentials, if it was asked for.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     pub fn dev_credentials(&self) -> Option<&DevCredentials> {
@@ -320,11 +473,10 @@ impl Server {
         self.backend
     }
 
-    /// Stops accepting, finishes requests in flight, stops the chain.
+    /// Stops accepting, lets requests in flight finish within the shutdown grace (then
+    /// cuts off the executions still running), stops the chain.
     pub async fn shutdown(mut self) -> Result<(), Error> {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        self.stop.send_replace(true);
         self.finish().await
     }
 
@@ -337,6 +489,7 @@ impl Server {
         let result = (&mut self.task)
             .await
             .map_err(|e| Error::Backend(format!("server task: {e}")))?;
+        self.refresher.abort();
         if let Some(chain) = self.chain_handle.take() {
             chain.stop().await;
         }
@@ -344,34 +497,153 @@ impl Server {
     }
 }
 
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Dropped without a shutdown: stop accepting all the same.
+        self.stop.send_replace(true);
+        self.refresher.abort();
+    }
+}
+
 /// Builds the app, binds its listener and starts serving (and the chain). Returns at
 /// once with the bound address.
 pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
     let app = App::build(&config).await?;
-    let listener = tokio::net::TcpListener::bind(app.listen).await?;
+    let listener = TcpListener::bind(app.listen).await?;
     let addr = listener.local_addr()?;
+    let metrics_listener = match app.options.metrics_listen {
+        Some(at) => Some(TcpListener::bind(at).await?),
+        None => None,
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+
+    // The gauges are right from the first scrape on, then follow the database.
+    if let Err(e) = api::refresh_state_gauges(&app.database, &app.metrics).await {
+        tracing::warn!(error = %e, "could not read the state gauges");
+    }
+    let refresher = tokio::spawn(refresh_gauges(
+        app.database.clone(),
+        app.metrics.clone(),
+        app.options.metrics_refresh,
+    ));
+
     let chain_handle = app.run_chain.then(|| app.chain.clone().spawn());
-    let (shutdown, stopped) = oneshot::channel::<()>();
+    let (stop, stopped) = watch::channel(false);
+    let timeouts = app.options.timeouts;
+    if let Some(listener) = metrics_listener {
+        let router = app.metrics_router;
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            let graceful = accept(listener, router, timeouts.header_read, stopped).await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
+        });
+    }
     let router = app.router;
+    let layer = app.layer;
     let task = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
-            .map_err(Error::Io)
+        let graceful = accept(listener, router, timeouts.header_read, stopped).await;
+        drain(graceful, &layer, timeouts.shutdown_grace).await;
+        Ok(())
     });
     tracing::info!(%addr, database = app.database.backend(), transport = app.chain.transport(), "idem orders listening");
     Ok(Server {
         addr,
+        metrics_addr,
         dev_credentials: app.dev_credentials,
         orders: app.orders,
         backend: app.database.backend(),
         chain: app.chain,
         chain_handle,
-        shutdown: Some(shutdown),
+        stop,
         task,
+        refresher,
     })
+}
+
+/// Serves connections from `listener` until `stop` turns true (or its sender is gone),
+/// then closes the listener and returns the watch over the connections still open.
+async fn accept(
+    listener: TcpListener,
+    router: Router,
+    header_read: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> GracefulShutdown {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_read)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    let stopped = async move {
+        // Err: the sender is gone, which stops serving too.
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors and the like: keep serving the open ones.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let service = TowerToHyperService::new(router.clone());
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = &mut stopped => break,
+        }
+    }
+    graceful
+}
+
+/// Waits for the connections to finish their requests, at most `grace`; then cuts off
+/// the executions still running (their records end FAILED_RETRYABLE) and gives their
+/// answers a moment to go out.
+async fn drain(graceful: GracefulShutdown, layer: &IdempotencyLayer, grace: Duration) {
+    let connections = graceful.shutdown();
+    tokio::pin!(connections);
+    if tokio::time::timeout(grace, &mut connections).await.is_ok() {
+        return;
+    }
+    tracing::warn!(
+        running = layer.executions_running(),
+        grace_ms = grace.as_millis() as u64,
+        "requests still in flight after the shutdown grace; cutting them off"
+    );
+    if tokio::time::timeout(CUT_OFF_WRITE, layer.cut_off_executions())
+        .await
+        .is_err()
+    {
+        tracing::error!(
+            "the records of cut-off executions were not all written; they wait out their lease"
+        );
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), &mut connections).await;
+}
+
+/// Re-reads the state gauges every `every`.
+async fn refresh_gauges(database: Database, metrics: OrdersMetrics, every: Duration) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = api::refresh_state_gauges(&database, &metrics).await {
+            tracing::warn!(error = %e, "could not refresh the state gauges");
+        }
+    }
 }
 
 /// `idem serve`: binds, prints where it listens (and the development key, if it made
@@ -387,6 +659,9 @@ pub async fn serve(
     let nats = config.nats_url.clone();
     let server = bind(config).await?;
     println!("idem orders listening on {}", server.url());
+    if let Some(at) = server.metrics_addr() {
+        println!("  metrics: http://{at}/metrics");
+    }
     println!("  database: {}", redact(&url));
     println!(
         "  outbox transport: {}",
@@ -424,5 +699,52 @@ mod tests {
         assert!("=longenough".parse::<ApiKey>().is_err());
         assert!("acme=has space here".parse::<ApiKey>().is_err());
         assert!(!format!("{k:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn api_keys_from_files_and_lists() {
+        let text = "# tenants\n\nacme=s3cret-key\n  beta=other-secret  \n#gamma=x\n";
+        let keys = ApiKey::parse_lines(text, "keys.txt").unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[1].tenant.as_str(), "beta");
+        assert_eq!(keys[1].secret, "other-secret");
+        let e = ApiKey::parse_lines("acme=s3cret-key\nbeta=short\n", "keys.txt").unwrap_err();
+        assert!(e.to_string().contains("keys.txt line 2"), "{e}");
+        assert!(
+            !e.to_string().contains("short"),
+            "the secret is not echoed: {e}"
+        );
+        let keys =
+            ApiKey::parse_list("acme=s3cret-key, beta=other-secret,", "IDEM_API_KEYS").unwrap();
+        assert_eq!(keys.len(), 2);
+    }
+
+    #[test]
+    fn credentials_are_checked() {
+        let key = |s: &str| s.parse::<ApiKey>().unwrap();
+        let twice = vec![
+            key("a=same-secret"),
+            key("a=same-secret"),
+            key("a=other-secret"),
+        ];
+        assert_eq!(check_credentials(twice, None).unwrap().len(), 2);
+        let shared = vec![key("a=same-secret"), key("b=same-secret")];
+        let e = check_credentials(shared, None).unwrap_err().to_string();
+        assert!(
+            e.contains("tenants a and b") && !e.contains("same-secret"),
+            "{e}"
+        );
+        assert!(check_credentials(vec![], Some("short-token")).is_err());
+        assert!(check_credentials(vec![], Some("a-long-enough-token")).is_ok());
+        let reused = vec![key("a=a-long-enough-token")];
+        assert!(check_credentials(reused, Some("a-long-enough-token")).is_err());
+    }
+
+    #[test]
+    fn default_timeouts() {
+        let t = ServiceOptions::default().timeouts;
+        assert_eq!(t.header_read, Duration::from_secs(10));
+        assert_eq!(t.body_read, Duration::from_secs(10));
+        assert_eq!(t.shutdown_grace, Duration::from_secs(10));
     }
 }

@@ -59,7 +59,7 @@ pub(crate) fn record(row: &PgRow) -> Result<Record, StoreError> {
     };
     Ok(Record {
         tenant: TenantId::new(tenant).map_err(|e| corrupt("tenant_id", e))?,
-        key: IdempotencyKey::new(key).map_err(|e| corrupt("key", e))?,
+        key: IdempotencyKey::from_stored(key).map_err(|e| corrupt("key", e))?,
         principal: Principal::new(principal).map_err(|e| corrupt("principal", e))?,
         fingerprint: Fingerprint::from_bytes(fingerprint),
         state: state

@@ -223,7 +223,7 @@ fn decode_head(buf: &[u8]) -> Result<(Record, Reader<'_>), StoreError> {
     let principal = Principal::new(r.str16("principal")?).map_err(corrupt)?;
     let fingerprint = Fingerprint::from_bytes(r.array("fingerprint")?);
     let tenant = TenantId::new(r.str16("tenant")?).map_err(corrupt)?;
-    let key = IdempotencyKey::new(r.str16("key")?).map_err(corrupt)?;
+    let key = IdempotencyKey::from_stored(r.str16("key")?).map_err(corrupt)?;
     if r.pos != ident_end {
         return Err(corrupt("identity block length"));
     }

@@ -143,12 +143,16 @@ pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file and applies pending migrations.
+    /// A new file (and a missing directory) is created readable by its owner only.
     pub async fn open(options: SqliteOptions) -> Result<Self, StoreError> {
         if let Some(dir) = options.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
+            private::create_dir_all(dir).map_err(|e| {
                 StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
             })?;
         }
+        let created = private::create_file(&options.path).map_err(|e| {
+            StoreError::Unavailable(format!("cannot create {}: {e}", options.path.display()))
+        })?;
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(Duration::from_secs(30))
@@ -156,6 +160,10 @@ impl SqliteStore {
             .await
             .map_err(map_err)?;
         migrate::apply(&pool).await?;
+        if created {
+            // SQLite gives -wal and -shm the database file's mode; make sure of it.
+            private::restrict_companions(&options.path);
+        }
         Ok(Self {
             pool,
             limits: options.limits,
@@ -268,7 +276,7 @@ fn record_from_row(row: &SqliteRow) -> Result<Record, StoreError> {
     let owner: Option<String> = row.try_get("owner").map_err(map_err)?;
     Ok(Record {
         tenant: TenantId::new(get_str("tenant_id")?).map_err(|e| bad_row("tenant_id", e))?,
-        key: IdempotencyKey::new(get_str("key")?).map_err(|e| bad_row("key", e))?,
+        key: IdempotencyKey::from_stored(get_str("key")?).map_err(|e| bad_row("key", e))?,
         principal: Principal::new(get_str("principal")?).map_err(|e| bad_row("principal", e))?,
         fingerprint: Fingerprint::from_bytes(fp),
         state: RecordState::from_str(&get_str("state")?).map_err(|e| bad_row("state", e))?,
@@ -591,5 +599,52 @@ impl std::ops::Deref for SqliteTx {
 impl std::ops::DerefMut for SqliteTx {
     fn deref_mut(&mut self) -> &mut SqliteConnection {
         &mut self.tx
+    }
+}
+
+/// Database files hold every stored response: owner-only permissions, set when the file
+/// is created rather than through the process umask.
+mod private {
+    use std::io;
+    use std::path::Path;
+
+    pub(super) fn create_dir_all(dir: &Path) -> io::Result<()> {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(dir)
+    }
+
+    /// Creates `path` empty (SQLite takes an empty file as a new database); `false` when
+    /// it already exists, whose mode is left alone.
+    pub(super) fn create_file(path: &Path) -> io::Result<bool> {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        match options.open(path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(super) fn restrict_companions(path: &Path) {
+        #[cfg(unix)]
+        for suffix in ["-wal", "-shm", "-journal"] {
+            use std::os::unix::fs::PermissionsExt;
+            let mut companion = path.as_os_str().to_owned();
+            companion.push(suffix);
+            let companion = Path::new(&companion);
+            if companion.exists() {
+                let private = std::fs::Permissions::from_mode(0o600);
+                if let Err(e) = std::fs::set_permissions(companion, private) {
+                    tracing::warn!(file = %companion.display(), error = %e, "cannot restrict permissions");
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = path;
     }
 }

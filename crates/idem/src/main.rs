@@ -17,6 +17,7 @@ mod lock;
 mod open;
 mod reconcile;
 mod service;
+mod signal;
 mod sweep;
 
 #[derive(Parser)]
@@ -86,18 +87,40 @@ enum Command {
     Serve {
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
-        /// TENANT=SECRET (repeatable); clients send `Authorization: Bearer SECRET`.
+        /// TENANT=SECRET (repeatable); clients send `Authorization: Bearer SECRET`. The
+        /// command line shows in `ps`: prefer IDEM_API_KEYS (comma-separated
+        /// TENANT=SECRET) or --api-keys-file.
         #[arg(long = "api-key")]
         api_keys: Vec<String>,
-        /// Enables the admin API (freezes, shows).
-        #[arg(long, env = "IDEM_ADMIN_TOKEN")]
+        /// A file of TENANT=SECRET lines (blank lines and `#` comments skipped).
+        #[arg(long, value_name = "PATH")]
+        api_keys_file: Option<std::path::PathBuf>,
+        /// Enables the admin API (freezes, shows) and `/metrics`; at least 16 characters.
+        #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
         admin_token: Option<String>,
+        /// Read the admin token from this file (its first line).
+        #[arg(long, value_name = "PATH")]
+        admin_token_file: Option<std::path::PathBuf>,
         /// Relay the outbox to NATS JetStream instead of in process.
         #[arg(long)]
         nats_url: Option<String>,
         /// How often the retention sweeper runs beside the server (0s: never).
         #[arg(long, value_parser = lock::parse_duration, default_value = "5m")]
         sweep_every: Duration,
+        /// A request head must arrive within this, or the connection is closed (an idle
+        /// keep-alive connection is closed after it too).
+        #[arg(long, value_parser = lock::parse_duration, default_value = "10s")]
+        header_read_timeout: Duration,
+        /// A request body must arrive in full within this, or the answer is 408.
+        #[arg(long, value_parser = lock::parse_duration, default_value = "10s")]
+        body_read_timeout: Duration,
+        /// On SIGTERM or SIGINT, requests in flight get this long to finish; executions
+        /// still running then are cut off and their keys left FAILED_RETRYABLE.
+        #[arg(long, value_parser = lock::parse_duration, default_value = "10s")]
+        shutdown_grace: Duration,
+        /// Also serve `/metrics`, without credentials, on this address (keep it internal).
+        #[arg(long)]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Freeze the automatic chain for a scope (user:U, show:S or all).
     Freeze {
@@ -528,18 +551,30 @@ async fn run(
         Command::Serve {
             listen,
             api_keys,
+            api_keys_file,
             admin_token,
+            admin_token_file,
             nats_url,
             sweep_every,
+            header_read_timeout,
+            body_read_timeout,
+            shutdown_grace,
+            metrics_listen,
         } => {
             service::serve(
                 url,
                 service::ServeArgs {
                     listen,
                     api_keys,
+                    api_keys_file,
                     admin_token,
+                    admin_token_file,
                     nats_url,
                     sweep_every,
+                    header_read_timeout,
+                    body_read_timeout,
+                    shutdown_grace,
+                    metrics_listen,
                 },
             )
             .await
@@ -680,11 +715,8 @@ async fn run(
                 |u| format!("in Redis at {}", open::redact(u)),
             );
             let upstream = cfg.upstream.clone();
-            let (addr, served) = idem_gateway::bind(cfg, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-            .map_err(gw_err)?;
+            let shutdown = signal::shutdown()?;
+            let (addr, served) = idem_gateway::bind(cfg, shutdown).await.map_err(gw_err)?;
             println!("idem gateway on http://{addr} → {upstream} (window {window})");
             served
                 .await

@@ -3,13 +3,17 @@
 //! the server.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{CompensationCheck, StoreError};
 use idem_orders::compensation::OrderCompensation;
-use idem_orders::{ApiKey, DemoOptions, FreezeRequest, FreezeScope, FreezeWhat, ServeConfig};
+use idem_orders::{
+    ApiKey, DemoOptions, FreezeRequest, FreezeScope, FreezeWhat, HttpTimeouts, ServeConfig,
+    ServiceOptions,
+};
 use idem_sweep::Sweeper;
 
 use crate::open::{backend_of, Backend};
@@ -26,9 +30,71 @@ fn orders_err(e: idem_orders::Error) -> StoreError {
 pub struct ServeArgs {
     pub listen: SocketAddr,
     pub api_keys: Vec<String>,
+    pub api_keys_file: Option<PathBuf>,
     pub admin_token: Option<String>,
+    pub admin_token_file: Option<PathBuf>,
     pub nats_url: Option<String>,
     pub sweep_every: Duration,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// API keys from `--api-key`, `IDEM_API_KEYS` and `--api-keys-file`, all together.
+const API_KEYS_ENV: &str = "IDEM_API_KEYS";
+
+fn read_secret_file(path: &Path) -> Result<String, StoreError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| StoreError::InvalidInput(format!("cannot read {}: {e}", path.display())))?;
+    #[cfg(unix)]
+    if let Ok(meta) = std::fs::metadata(path) {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(file = %path.display(), "secret file is readable by other users; chmod 600 it");
+        }
+    }
+    Ok(text)
+}
+
+fn api_keys(args: &ServeArgs) -> Result<Vec<ApiKey>, StoreError> {
+    let mut keys = args
+        .api_keys
+        .iter()
+        .map(|k| k.parse::<ApiKey>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(orders_err)?;
+    if let Ok(list) = std::env::var(API_KEYS_ENV) {
+        keys.extend(ApiKey::parse_list(&list, API_KEYS_ENV).map_err(orders_err)?);
+    }
+    if let Some(path) = &args.api_keys_file {
+        let text = read_secret_file(path)?;
+        let origin = path.display().to_string();
+        keys.extend(ApiKey::parse_lines(&text, &origin).map_err(orders_err)?);
+    }
+    Ok(keys)
+}
+
+fn admin_token(args: &ServeArgs) -> Result<Option<String>, StoreError> {
+    match (&args.admin_token, &args.admin_token_file) {
+        (Some(_), Some(_)) => Err(StoreError::InvalidInput(
+            "give the admin token once: --admin-token (or IDEM_ADMIN_TOKEN) or \
+             --admin-token-file"
+                .into(),
+        )),
+        (token, None) => Ok(token.clone()),
+        (None, Some(path)) => {
+            let text = read_secret_file(path)?;
+            let token = text.lines().next().unwrap_or_default().trim();
+            if token.is_empty() {
+                return Err(StoreError::InvalidInput(format!(
+                    "{} holds no admin token",
+                    path.display()
+                )));
+            }
+            Ok(Some(token.to_owned()))
+        }
+    }
 }
 
 /// The retention sweeper beside the server: lease-guarded (one sweeper per database
@@ -59,27 +125,27 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
     }
     // Validate the retention policy before binding: a bad policy is a start-up error.
     idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
-    let api_keys = args
-        .api_keys
-        .iter()
-        .map(|k| k.parse::<ApiKey>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(orders_err)?;
+    let shutdown = crate::signal::shutdown()?;
     let config = ServeConfig {
         listen: args.listen,
         database_url: Some(url.to_string()),
-        api_keys,
-        admin_token: args.admin_token,
+        api_keys: api_keys(&args)?,
+        admin_token: admin_token(&args)?,
         nats_url: args.nats_url,
-        ..ServeConfig::default()
+        options: ServiceOptions {
+            timeouts: HttpTimeouts {
+                header_read: args.header_read_timeout,
+                body_read: args.body_read_timeout,
+                shutdown_grace: args.shutdown_grace,
+            },
+            metrics_listen: args.metrics_listen,
+            ..ServiceOptions::default()
+        },
     };
     let _sweep = if args.sweep_every.is_zero() {
         None
     } else {
         Some(start_sweeper(url, args.sweep_every).await?)
-    };
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
     };
     idem_orders::serve(config, shutdown)
         .await

@@ -86,6 +86,8 @@ impl Env {
                     retry_backoff: Duration::from_millis(50),
                     batch: 100,
                 },
+                // A freeze written straight to the database shows in /metrics quickly.
+                metrics_refresh: Duration::from_millis(100),
                 ..ServiceOptions::default()
             },
         }
@@ -292,6 +294,7 @@ impl TestServer {
     pub async fn metrics(&self) -> String {
         self.http
             .get(format!("{}/metrics", self.base))
+            .bearer_auth(ADMIN)
             .send()
             .await
             .unwrap()

@@ -1,0 +1,931 @@
+//! `idem serve` as an operator runs it, hardened: the `idem` binary in its own process on
+//! a fresh SQLite file, spoken to by a real HTTP client and by raw TCP where a client
+//! misbehaves. Each test has its own directory and ports (the server binds 127.0.0.1:0
+//! and says where); a process still running at the end is killed.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_idem");
+/// Tenant `t`'s API key.
+const KEY: &str = "t-secret-key-0001";
+const ADMIN: &str = "admin-token-0123456789";
+
+struct Db {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    url: String,
+}
+
+fn db() -> Db {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("x.db");
+    Db {
+        url: format!("sqlite://{}", path.display()),
+        path,
+        _dir: dir,
+    }
+}
+
+/// `idem --database-url URL ARGS…`, under umask 022 (what a login shell usually has, so
+/// file modes are the server's doing), without the caller's idem environment.
+fn command(url: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("umask 022 && exec \"$0\" \"$@\"")
+        .arg(BIN)
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .env_remove("IDEM_DATABASE_URL")
+        .env_remove("IDEM_ADMIN_TOKEN")
+        .env_remove("IDEM_API_KEYS")
+        .env_remove("IDEM_LOG")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// A one-shot CLI command (`keys show`, `lock acquire`, …) on the same database.
+fn idem(url: &str, args: &[&str]) -> Output {
+    command(url, args, &[]).output().expect("run idem")
+}
+
+fn key_state(url: &str, key: &str) -> Option<String> {
+    let out = idem(url, &["keys", "show", key, "--tenant", "t", "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).expect("keys show --json");
+    v["state"].as_str().map(str::to_owned)
+}
+
+fn wait_for_state(url: &str, key: &str, state: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = key_state(url, key);
+        if now.as_deref() == Some(state) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{key} is {now:?}, never {state}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A running `idem serve`.
+struct Serve {
+    child: Child,
+    addr: String,
+    metrics_addr: Option<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Serve {
+    /// `idem serve --listen 127.0.0.1:0 ARGS…`, ready once it printed where it listens.
+    fn start(db: &Db, args: &[&str], env: &[(&str, &str)]) -> Serve {
+        let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--sweep-every", "0s"];
+        all.extend_from_slice(args);
+        let mut child = command(&db.url, &all, env)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn idem serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut serve = Serve {
+            child,
+            addr: String::new(),
+            metrics_addr: None,
+            stderr,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(line) => line,
+                Err(_) => panic!("idem serve did not start:\n{}", serve.stderr()),
+            };
+            if let Some(url) = line.strip_prefix("idem orders listening on http://") {
+                serve.addr = url.trim().to_owned();
+            } else if let Some(m) = line.trim().strip_prefix("metrics: http://") {
+                serve.metrics_addr = Some(m.trim_end_matches("/metrics").to_owned());
+            } else if line.trim().starts_with("database:") {
+                // Printed after the addresses: everything is known.
+                break;
+            }
+        }
+        serve
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -TERM failed");
+    }
+
+    fn exit_within(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running after {within:?}:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs a command that must refuse to start; a server that starts anyway is killed.
+fn refused(mut cmd: Command) -> (ExitStatus, String) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the server started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status, stderr)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+struct Reply {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+    text: String,
+}
+
+async fn reply(r: reqwest::Response) -> Reply {
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let text = r.text().await.unwrap();
+    Reply {
+        status,
+        headers,
+        body: serde_json::from_str(&text).unwrap_or(Value::Null),
+        text,
+    }
+}
+
+async fn post(
+    http: &reqwest::Client,
+    url: String,
+    token: &str,
+    key: Option<&str>,
+    body: &Value,
+) -> Reply {
+    let mut req = http.post(url).bearer_auth(token).json(body);
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k);
+    }
+    reply(req.send().await.expect("request")).await
+}
+
+async fn get(http: &reqwest::Client, url: String, token: Option<&str>) -> Reply {
+    let mut req = http.get(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    reply(req.send().await.expect("request")).await
+}
+
+async fn create_order(http: &reqwest::Client, s: &Serve, key: &str) -> String {
+    let r = post(
+        http,
+        s.url("/v1/orders"),
+        KEY,
+        Some(key),
+        &json!({"user_id": "U-1", "show_id": "S-204", "quantity": 1}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    r.body["order_id"].as_str().unwrap().to_owned()
+}
+
+/// Sends `request` on a fresh connection and reads until the server closes it (or
+/// `read_for` passes). Returns what arrived, when it ended, and whether it was closed.
+fn raw(addr: &str, request: &[u8], read_for: Duration) -> (String, Duration, bool) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.write_all(request).unwrap();
+    stream.set_read_timeout(Some(read_for)).unwrap();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+        if start.elapsed() > read_for {
+            break false;
+        }
+    };
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        start.elapsed(),
+        closed,
+    )
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 7: request head and body read timeouts
+
+const HALF_HEAD: &[u8] = b"POST /v1/orders HTTP/1.1\r\nHost: idem\r\nAuthoriz";
+
+#[test]
+fn a_half_sent_request_head_is_closed_after_the_header_read_timeout() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(
+        &db,
+        &["--api-key", &key, "--header-read-timeout", "1s"],
+        &[],
+    );
+    let (_, took, closed) = raw(&s.addr, HALF_HEAD, Duration::from_secs(8));
+    assert!(closed, "a half-sent head was held open for {took:?}");
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(5),
+        "closed after {took:?}, not about 1 s"
+    );
+    let rt = runtime();
+    let ok = rt.block_on(get(&client(), s.url("/healthz"), None));
+    assert_eq!(ok.status, 200, "the server still serves others");
+}
+
+#[test]
+fn the_default_header_read_timeout_is_10_seconds() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(&db, &["--api-key", &key], &[]);
+    let (_, took, closed) = raw(&s.addr, HALF_HEAD, Duration::from_secs(25));
+    assert!(closed, "a half-sent head was held open for {took:?}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(16),
+        "closed after {took:?}, not about 10 s"
+    );
+}
+
+#[test]
+fn a_stalled_body_gets_408_problem_json_and_its_connection_closed() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(
+        &db,
+        &[
+            "--api-key",
+            &key,
+            "--admin-token",
+            ADMIN,
+            "--body-read-timeout",
+            "1s",
+        ],
+        &[],
+    );
+    let keyed = format!(
+        "POST /v1/orders HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {KEY}\r\n\
+         Idempotency-Key: stall-1\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{\"user_id\":"
+    );
+    let admin = format!(
+        "POST /v1/admin/freezes HTTP/1.1\r\nHost: idem\r\nAuthorization: Bearer {ADMIN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"scope\":"
+    );
+    for request in [keyed, admin] {
+        let (answer, took, closed) = raw(&s.addr, request.as_bytes(), Duration::from_secs(8));
+        assert!(
+            answer.starts_with("HTTP/1.1 408"),
+            "after {took:?}: {answer:?}"
+        );
+        let lower = answer.to_ascii_lowercase();
+        assert!(
+            lower.contains("content-type: application/problem+json"),
+            "{answer}"
+        );
+        assert!(answer.contains("/request-timeout\""), "{answer}");
+        assert!(answer.contains("\"request_id\""), "{answer}");
+        assert!(closed, "the connection stayed open after the 408");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+    assert_eq!(key_state(&db.url, "stall-1"), None, "nothing was recorded");
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 8: SIGTERM drains within the grace; what it cuts off is retryable at once
+
+/// Holds the order's lease from outside, so a pay request for it waits in its handler
+/// (a real wait: the handler queues behind the lease like behind another request).
+fn hold_order_lease(url: &str, order_id: &str) -> i64 {
+    let out = idem(
+        url,
+        &[
+            "lock",
+            "acquire",
+            &format!("order:t:{order_id}"),
+            "--owner",
+            "test-holder",
+            "--ttl",
+            "60s",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["token"].as_i64().unwrap()
+}
+
+fn release_order_lease(url: &str, order_id: &str, token: i64) {
+    let out = idem(
+        url,
+        &[
+            "lock",
+            "release",
+            &format!("order:t:{order_id}"),
+            "--owner",
+            "test-holder",
+            "--token",
+            &token.to_string(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn sigterm_lets_the_request_in_flight_finish_then_exits_0() {
+    let db = db();
+    let key = format!("t={KEY}");
+    // The default grace, 10 s.
+    let mut s = Serve::start(&db, &["--api-key", &key], &[]);
+    let rt = runtime();
+    let http = client();
+    let order = rt.block_on(create_order(&http, &s, "drain-create"));
+    let token = hold_order_lease(&db.url, &order);
+    let pay = rt.spawn({
+        let (http, url) = (http.clone(), s.url(&format!("/v1/orders/{order}/pay")));
+        async move { post(&http, url, KEY, Some("drain-pay"), &json!({})).await }
+    });
+    wait_for_state(&db.url, "drain-pay", "PROCESSING", Duration::from_secs(10));
+
+    s.sigterm();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        s.running(),
+        "exited with a request in flight:\n{}",
+        s.stderr()
+    );
+    assert!(
+        TcpStream::connect(&s.addr).is_err(),
+        "still accepting after SIGTERM"
+    );
+    release_order_lease(&db.url, &order, token);
+    let paid = rt.block_on(pay).unwrap();
+    assert_eq!(
+        paid.status, 200,
+        "the request in flight finished: {}",
+        paid.text
+    );
+    let status = s.exit_within(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+    assert_eq!(
+        key_state(&db.url, "drain-pay").as_deref(),
+        Some("SUCCEEDED")
+    );
+}
+
+#[test]
+fn sigterm_cuts_off_an_execution_past_the_grace_and_its_key_is_retryable_at_once() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let mut s = Serve::start(&db, &["--api-key", &key, "--shutdown-grace", "1s"], &[]);
+    let rt = runtime();
+    let http = client();
+    let order = rt.block_on(create_order(&http, &s, "cut-create"));
+    let token = hold_order_lease(&db.url, &order);
+    let pay = rt.spawn({
+        let (http, url) = (http.clone(), s.url(&format!("/v1/orders/{order}/pay")));
+        async move {
+            http.post(url)
+                .bearer_auth(KEY)
+                .header("Idempotency-Key", "cut-pay")
+                .json(&json!({}))
+                .send()
+                .await
+        }
+    });
+    wait_for_state(&db.url, "cut-pay", "PROCESSING", Duration::from_secs(10));
+
+    let sent = Instant::now();
+    s.sigterm();
+    let status = s.exit_within(Duration::from_secs(8));
+    let took = sent.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+    assert!(
+        took >= Duration::from_millis(900),
+        "exited after {took:?}, before the grace"
+    );
+    // The handler would have waited 10 s for the lease; the grace is 1 s.
+    assert!(took < Duration::from_secs(7), "exited after {took:?}");
+    if let Ok(answer) = rt.block_on(pay).unwrap() {
+        let status = answer.status().as_u16();
+        let text = rt.block_on(answer.text()).unwrap();
+        assert_eq!(status, 500, "{text}");
+        assert!(text.contains("execution-failed"), "{text}");
+    }
+    assert_eq!(
+        key_state(&db.url, "cut-pay").as_deref(),
+        Some("FAILED_RETRYABLE"),
+        "the key is open at once, not PROCESSING until its 60 s lease ends"
+    );
+
+    // A restarted server takes the retry at once (no 60 s lease to wait out).
+    release_order_lease(&db.url, &order, token);
+    let s = Serve::start(&db, &["--api-key", &key], &[]);
+    let retried = Instant::now();
+    let paid = rt.block_on(post(
+        &http,
+        s.url(&format!("/v1/orders/{order}/pay")),
+        KEY,
+        Some("cut-pay"),
+        &json!({}),
+    ));
+    assert_eq!(paid.status, 200, "{}", paid.text);
+    assert!(retried.elapsed() < Duration::from_secs(5));
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 9: metrics behind the admin token, bounded labels, no database per scrape
+
+#[test]
+fn metrics_need_the_admin_token_and_carry_no_user_data() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(&db, &["--api-key", &key, "--admin-token", ADMIN], &[]);
+    let rt = runtime();
+    let http = client();
+    rt.block_on(async {
+        let frozen = post(
+            &http,
+            s.url("/v1/admin/freezes"),
+            ADMIN,
+            None,
+            &json!({"scope": "user:alice@example.com", "what": "ticketing", "tenant": "t"}),
+        )
+        .await;
+        assert_eq!(frozen.status, 201, "{}", frozen.text);
+
+        let open = get(&http, s.url("/metrics"), None).await;
+        assert_eq!(open.status, 401, "{}", open.text);
+        let tenant = get(&http, s.url("/metrics"), Some(KEY)).await;
+        assert_eq!(tenant.status, 401, "a tenant key is not the admin token");
+        let admin = get(&http, s.url("/metrics"), Some(ADMIN)).await;
+        assert_eq!(admin.status, 200, "{}", admin.text);
+        let text = &admin.text;
+        assert!(
+            text.contains("idem_orders_freeze_active{scope_kind=\"user\",what=\"ticketing\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("alice"), "a user id in the metrics:\n{text}");
+        assert!(!text.contains("tenant=\""), "{text}");
+    });
+}
+
+#[test]
+fn metrics_listen_serves_metrics_only_without_credentials() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(
+        &db,
+        &["--api-key", &key, "--metrics-listen", "127.0.0.1:0"],
+        &[],
+    );
+    let internal = s.metrics_addr.clone().expect("metrics address printed");
+    let rt = runtime();
+    let http = client();
+    rt.block_on(async {
+        let scraped = get(&http, format!("http://{internal}/metrics"), None).await;
+        assert_eq!(scraped.status, 200, "{}", scraped.text);
+        assert!(
+            scraped.text.contains("idem_orders_freeze_active"),
+            "{}",
+            scraped.text
+        );
+        let other = get(&http, format!("http://{internal}/v1/orders"), Some(KEY)).await;
+        assert_eq!(other.status, 404, "the metrics address serves metrics only");
+        // Without an admin token the main address has no metrics to give.
+        let main = get(&http, s.url("/metrics"), None).await;
+        assert_eq!(main.status, 403, "{}", main.text);
+    });
+}
+
+/// In process, to take the database away under a running server: a scrape still
+/// answers from the gauges the background refresh keeps.
+#[test]
+fn a_scrape_reads_no_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let server = idem_orders::bind(idem_orders::ServeConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            database_url: Some(format!("sqlite://{}", dir.path().join("m.db").display())),
+            api_keys: vec![format!("t={KEY}").parse().unwrap()],
+            admin_token: Some(ADMIN.into()),
+            ..idem_orders::ServeConfig::default()
+        })
+        .await
+        .unwrap();
+        let http = client();
+        let base = server.url();
+        let before = get(&http, format!("{base}/metrics"), Some(ADMIN)).await;
+        assert_eq!(before.status, 200, "{}", before.text);
+        server
+            .orders()
+            .database()
+            .sqlite()
+            .unwrap()
+            .pool()
+            .close()
+            .await;
+        let health = get(&http, format!("{base}/healthz"), None).await;
+        assert_eq!(health.status, 503, "the database is gone");
+        for _ in 0..3 {
+            let after = get(&http, format!("{base}/metrics"), Some(ADMIN)).await;
+            assert_eq!(after.status, 200, "{}", after.text);
+            assert!(after.text.contains("idem_orders_outbox_unpublished"));
+        }
+        drop(server);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 10: internal errors are logged, not answered
+
+/// A trigger that fails every insert into `table` with `message`: the store answers
+/// with an error whose text must not reach the client.
+fn break_inserts(path: &Path, table: &str, message: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "CREATE TRIGGER break_{table} BEFORE INSERT ON {table} \
+             BEGIN SELECT RAISE(ABORT, '{message}'); END"
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    });
+}
+
+#[test]
+fn internal_errors_answer_a_stable_detail_and_the_request_id() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(&db, &["--api-key", &key], &[]);
+    let rt = runtime();
+    let http = client();
+    let order = json!({"user_id": "U-1", "show_id": "S-204", "quantity": 1});
+
+    // The business write fails (the orders ledger).
+    break_inserts(&db.path, "orders", "secret-ledger-text");
+    let r = rt.block_on(async {
+        reply(
+            http.post(s.url("/v1/orders"))
+                .bearer_auth(KEY)
+                .header("Idempotency-Key", "leak-1")
+                .header("x-request-id", "req-abc-123")
+                .json(&order)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    });
+    assert_eq!(r.status, 500, "{}", r.text);
+    assert_eq!(r.headers["x-request-id"], "req-abc-123");
+    assert_eq!(r.body["request_id"], "req-abc-123", "{}", r.text);
+    for leak in ["secret-ledger-text", "database", "sqlite", "error returned"] {
+        assert!(
+            !r.text.to_lowercase().contains(leak),
+            "{leak} in {}",
+            r.text
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(s.stderr().contains("secret-ledger-text") && s.stderr().contains("req-abc-123")) {
+        assert!(
+            Instant::now() < deadline,
+            "the error is not logged with its request id:\n{}",
+            s.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The idempotency store itself fails; a request id the client cannot be trusted
+    // with (too long, not visible ASCII) is replaced.
+    break_inserts(&db.path, "idem_records", "secret-claim-text");
+    for sent in ["x".repeat(200), "has spaces in it".to_owned()] {
+        let r = rt.block_on(async {
+            reply(
+                http.post(s.url("/v1/orders"))
+                    .bearer_auth(KEY)
+                    .header("Idempotency-Key", "leak-2")
+                    .header("x-request-id", sent.as_str())
+                    .json(&order)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        });
+        assert_eq!(r.status, 500, "{}", r.text);
+        assert!(!r.text.contains("secret-claim-text"), "{}", r.text);
+        let id = r.headers["x-request-id"].to_str().unwrap();
+        assert_ne!(id, sent);
+        assert!(!id.is_empty() && id.len() <= 64, "{id}");
+        assert_eq!(r.body["request_id"], id, "{}", r.text);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 11: secrets off the command line, checked, compared in constant time; private files
+
+fn private_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+fn assert_not_on_the_command_line(s: &Serve) {
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", s.child.id())).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains("secret-"),
+        "a secret on the command line"
+    );
+}
+
+#[test]
+fn api_keys_from_the_environment() {
+    let db = db();
+    let s = Serve::start(
+        &db,
+        &[],
+        &[
+            ("IDEM_API_KEYS", "a=secret-from-env-1, t=secret-from-env-3"),
+            ("IDEM_ADMIN_TOKEN", "admin-token-from-env-01"),
+        ],
+    );
+    assert_not_on_the_command_line(&s);
+    let rt = runtime();
+    let http = client();
+    rt.block_on(async {
+        for token in ["secret-from-env-1", "secret-from-env-3"] {
+            let r = get(&http, s.url("/v1/orders"), Some(token)).await;
+            assert_eq!(r.status, 200, "{token}: {}", r.text);
+        }
+        for token in [
+            "secret-from-env",
+            "secret-from-env-11",
+            "a=secret-from-env-1",
+        ] {
+            let r = get(&http, s.url("/v1/orders"), Some(token)).await;
+            assert_eq!(r.status, 401, "{token}");
+        }
+        let r = get(
+            &http,
+            s.url("/v1/admin/freezes"),
+            Some("admin-token-from-env-01"),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    });
+}
+
+#[test]
+fn api_keys_and_admin_token_from_files() {
+    let db = db();
+    let secrets = tempfile::tempdir().unwrap();
+    let keys = private_file(
+        secrets.path(),
+        "keys",
+        "# tenants of this server\n\nb=secret-from-file-2\n  # c=commented-out-key\n",
+    );
+    let admin = private_file(secrets.path(), "admin", "admin-token-from-file-01\n");
+    let s = Serve::start(
+        &db,
+        &[
+            "--api-keys-file",
+            keys.to_str().unwrap(),
+            "--admin-token-file",
+            admin.to_str().unwrap(),
+        ],
+        &[("IDEM_API_KEYS", "a=secret-from-env-1")],
+    );
+    assert_not_on_the_command_line(&s);
+    let rt = runtime();
+    let http = client();
+    rt.block_on(async {
+        for token in ["secret-from-env-1", "secret-from-file-2"] {
+            let r = get(&http, s.url("/v1/orders"), Some(token)).await;
+            assert_eq!(r.status, 200, "{token}: {}", r.text);
+        }
+        let r = get(&http, s.url("/v1/orders"), Some("commented-out-key")).await;
+        assert_eq!(r.status, 401);
+        let r = get(
+            &http,
+            s.url("/v1/admin/freezes"),
+            Some("admin-token-from-file-01"),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    });
+}
+
+#[test]
+fn ambiguous_or_weak_secrets_are_refused_at_start() {
+    let db = db();
+    let serve = |args: &[&str], env: &[(&str, &str)]| {
+        let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--sweep-every", "0s"];
+        all.extend_from_slice(args);
+        refused(command(&db.url, &all, env))
+    };
+
+    let (status, stderr) = serve(
+        &[
+            "--api-key",
+            "a=dup-secret-0001",
+            "--api-key",
+            "b=dup-secret-0001",
+        ],
+        &[],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("tenants a and b"), "{stderr}");
+    assert!(
+        !stderr.contains("dup-secret"),
+        "the secret is echoed: {stderr}"
+    );
+
+    // Across sources too: the environment and the command line.
+    let (status, stderr) = serve(
+        &["--api-key", "a=dup-secret-0002"],
+        &[("IDEM_API_KEYS", "b=dup-secret-0002")],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+
+    let (status, stderr) = serve(
+        &[
+            "--api-key",
+            "a=secret-ok-0001",
+            "--admin-token",
+            "short-tok",
+        ],
+        &[],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("at least 16"), "{stderr}");
+    assert!(!stderr.contains("short-tok"), "{stderr}");
+
+    let (status, stderr) = serve(
+        &["--api-key", "a=secret-ok-0001"],
+        &[("IDEM_ADMIN_TOKEN", "fifteen-chars15")],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+
+    let (status, stderr) = serve(
+        &[
+            "--api-key",
+            "a=shared-with-admin-01",
+            "--admin-token",
+            "shared-with-admin-01",
+        ],
+        &[],
+    );
+    assert_eq!(status.code(), Some(2), "{stderr}");
+}
+
+#[test]
+fn sqlite_files_are_created_readable_by_their_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data/sub/x.db");
+    let db = Db {
+        url: format!("sqlite://{}", path.display()),
+        path: path.clone(),
+        _dir: tempfile::tempdir().unwrap(),
+    };
+    let key = format!("t={KEY}");
+    let s = Serve::start(&db, &["--api-key", &key], &[]);
+    let rt = runtime();
+    rt.block_on(create_order(&client(), &s, "mode-1"));
+    for file in ["x.db", "x.db-wal", "x.db-shm"] {
+        let file = path.with_file_name(file);
+        assert!(file.exists(), "{}", file.display());
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+    }
+    assert_eq!(mode(&dir.path().join("data")), 0o700);
+    assert_eq!(mode(&dir.path().join("data/sub")), 0o700);
+}
