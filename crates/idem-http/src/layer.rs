@@ -139,6 +139,12 @@ impl IdempotencyLayer {
         self.shared.executions.running()
     }
 
+    /// Resolves when no handler runs under a claim (one whose caller hung up still
+    /// counts: it runs in a task of its own).
+    pub async fn executions_idle(&self) {
+        self.shared.executions.idle().await;
+    }
+
     /// For a shutdown whose grace ran out: cuts off every handler still running under a
     /// claim (and any claim that proceeds from now on). Each is cancelled — an open
     /// transaction of its rolls back — and its record finished FAILED_RETRYABLE at once,

@@ -123,7 +123,7 @@ pub fn spec(config: &IdempotencyConfig, legacy: bool) -> Value {
                     "responses": {"201": {"description": "Created"}, "200": {"description": "Existed"}}
                 }
             },
-            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": {"description": "OpenMetrics text"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics (the admin token; or without credentials on --metrics-listen)", "responses": {"200": {"description": "OpenMetrics text"}, "401": {"description": "Admin token required"}, "403": {"description": "The admin API is disabled"}}}},
             "/healthz": {"get": {"summary": "Liveness and database reachability", "security": [], "responses": {"200": {"description": "ok"}}}},
             "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1"}}}}
         },

@@ -152,7 +152,7 @@ fn check_credentials(keys: Vec<ApiKey>, admin_token: Option<&str>) -> Result<Vec
 }
 
 /// What `idem serve` was asked for.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServeConfig {
     /// Default `127.0.0.1:8080`.
     pub listen: SocketAddr,
@@ -166,6 +166,19 @@ pub struct ServeConfig {
     /// Relay the outbox to NATS JetStream instead of in process.
     pub nats_url: Option<String>,
     pub options: ServiceOptions,
+}
+
+impl std::fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("listen", &self.listen)
+            .field("database_url", &self.database_url.as_deref().map(redact))
+            .field("api_keys", &self.api_keys)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
+            .field("nats_url", &self.nats_url)
+            .field("options", &self.options)
+            .finish()
+    }
 }
 
 impl Default for ServeConfig {
@@ -266,11 +279,21 @@ impl Default for ServiceOptions {
 }
 
 /// The key and token made when no API key was configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct DevCredentials {
     pub tenant: String,
     pub api_key: String,
     pub admin_token: String,
+    /// The admin token was configured, not made here: it is never printed.
+    pub admin_token_configured: bool,
+}
+
+impl std::fmt::Debug for DevCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevCredentials")
+            .field("tenant", &self.tenant)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The assembled service, not yet listening.
@@ -333,6 +356,7 @@ impl App {
                 admin_token: admin_token
                     .clone()
                     .unwrap_or_else(|| random_secret("admin")),
+                admin_token_configured: admin_token.is_some(),
             };
             keys.push(ApiKey {
                 tenant: TenantId::new(dev.tenant.clone()).expect("valid tenant"),
@@ -512,7 +536,14 @@ pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
     let listener = TcpListener::bind(app.listen).await?;
     let addr = listener.local_addr()?;
     let metrics_listener = match app.options.metrics_listen {
-        Some(at) => Some(TcpListener::bind(at).await?),
+        Some(mut at) => {
+            // Development credentials keep everything on loopback, metrics too.
+            if app.dev_credentials.is_some() && !at.ip().is_loopback() {
+                tracing::warn!(requested = %at, "no API key configured: metrics on loopback only");
+                at.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+            }
+            Some(TcpListener::bind(at).await?)
+        }
         None => None,
     };
     let metrics_addr = metrics_listener
@@ -608,13 +639,20 @@ async fn accept(
     graceful
 }
 
-/// Waits for the connections to finish their requests, at most `grace`; then cuts off
-/// the executions still running (their records end FAILED_RETRYABLE) and gives their
-/// answers a moment to go out.
+/// Waits for the connections to finish their requests and for executions whose caller
+/// already hung up, at most `grace`; then cuts off the executions still running (their
+/// records end FAILED_RETRYABLE) and gives their answers a moment to go out.
 async fn drain(graceful: GracefulShutdown, layer: &IdempotencyLayer, grace: Duration) {
+    let until = tokio::time::Instant::now() + grace;
     let connections = graceful.shutdown();
     tokio::pin!(connections);
-    if tokio::time::timeout(grace, &mut connections).await.is_ok() {
+    let connections_done = tokio::time::timeout_at(until, &mut connections)
+        .await
+        .is_ok();
+    let executions_done = tokio::time::timeout_at(until, layer.executions_idle())
+        .await
+        .is_ok();
+    if connections_done && executions_done {
         return;
     }
     tracing::warn!(
@@ -630,7 +668,9 @@ async fn drain(graceful: GracefulShutdown, layer: &IdempotencyLayer, grace: Dura
             "the records of cut-off executions were not all written; they wait out their lease"
         );
     }
-    let _ = tokio::time::timeout(Duration::from_secs(1), &mut connections).await;
+    if !connections_done {
+        let _ = tokio::time::timeout(Duration::from_secs(1), &mut connections).await;
+    }
 }
 
 /// Re-reads the state gauges every `every`.
@@ -677,7 +717,11 @@ pub async fn serve(
             "    api key:     {}   (Authorization: Bearer {})",
             dev.api_key, dev.api_key
         );
-        println!("    admin token: {}", dev.admin_token);
+        if dev.admin_token_configured {
+            println!("    admin token: (the one configured)");
+        } else {
+            println!("    admin token: {}", dev.admin_token);
+        }
     }
     println!("  try: curl -s {}/healthz", server.url());
     shutdown.await;

@@ -64,13 +64,27 @@ fn api_keys(args: &ServeArgs) -> Result<Vec<ApiKey>, StoreError> {
         .map(|k| k.parse::<ApiKey>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(orders_err)?;
+    // A source that was given but holds no key is a mistake, not a request for the
+    // development mode (which would print credentials and change who can call).
     if let Ok(list) = std::env::var(API_KEYS_ENV) {
-        keys.extend(ApiKey::parse_list(&list, API_KEYS_ENV).map_err(orders_err)?);
+        let found = ApiKey::parse_list(&list, API_KEYS_ENV).map_err(orders_err)?;
+        if found.is_empty() {
+            return Err(StoreError::InvalidInput(format!(
+                "{API_KEYS_ENV} is set but holds no TENANT=SECRET"
+            )));
+        }
+        keys.extend(found);
     }
     if let Some(path) = &args.api_keys_file {
         let text = read_secret_file(path)?;
         let origin = path.display().to_string();
-        keys.extend(ApiKey::parse_lines(&text, &origin).map_err(orders_err)?);
+        let found = ApiKey::parse_lines(&text, &origin).map_err(orders_err)?;
+        if found.is_empty() {
+            return Err(StoreError::InvalidInput(format!(
+                "{origin} holds no TENANT=SECRET line"
+            )));
+        }
+        keys.extend(found);
     }
     Ok(keys)
 }

@@ -214,8 +214,72 @@ async fn behind_the_gateway_each_caller_gets_only_its_own_result() {
         assert_eq!(wrong.status(), 401);
         assert!(!wrong.headers().contains_key("idempotent-replayed"));
     }
+    // A Connection header that would strip the credential, and keys a folding proxy
+    // would make: refused at the edge, never forwarded.
+    let r = order(&c, &gw, Some(ALICE), &format!("{key}-conn"))
+        .header("connection", "authorization")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    for bad in ["a,b", "abc;x=1"] {
+        let r = order(&c, &gw, Some(ALICE), bad).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{bad}");
+    }
     assert_eq!(orders_of(&c, &serve_url, ALICE).await.len(), 1);
     assert_eq!(orders_of(&c, &serve_url, BOB).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_full_window_refuses_new_keys_instead_of_forwarding_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, serve_url) = serve(dir.path()).await;
+    let (_gw, gw) = gateway(
+        dir.path(),
+        &serve_url,
+        json!({"memory_window_bytes": 2048, "max_stored_bytes": 2048}),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let mut full = false;
+    for i in 0..100 {
+        let r = order(
+            &c,
+            &gw,
+            Some(ALICE),
+            &format!("fill-{i}-{}", uuid::Uuid::now_v7().simple()),
+        )
+        .send()
+        .await
+        .unwrap();
+        if r.status() == 503 {
+            assert!(r.headers().contains_key("retry-after"));
+            full = true;
+            break;
+        }
+        assert_eq!(r.status(), 201);
+    }
+    assert!(full, "the budget bit");
+    let before = orders_of(&c, &serve_url, ALICE).await.len();
+    let key = format!("while-full-{}", uuid::Uuid::now_v7().simple());
+    for _ in 0..3 {
+        let r = order(&c, &gw, Some(ALICE), &key).send().await.unwrap();
+        assert_eq!(r.status(), 503);
+    }
+    assert_eq!(
+        orders_of(&c, &serve_url, ALICE).await.len(),
+        before,
+        "nothing forwarded"
+    );
+    let health: Value = c
+        .get(format!("{gw}/_idem/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "degraded");
 }
 
 #[tokio::test]

@@ -522,12 +522,15 @@ fn sigterm_cuts_off_an_execution_past_the_grace_and_its_key_is_retryable_at_once
     );
     // The handler would have waited 10 s for the lease; the grace is 1 s.
     assert!(took < Duration::from_secs(7), "exited after {took:?}");
-    if let Ok(answer) = rt.block_on(pay).unwrap() {
-        let status = answer.status().as_u16();
-        let text = rt.block_on(answer.text()).unwrap();
-        assert_eq!(status, 500, "{text}");
-        assert!(text.contains("execution-failed"), "{text}");
-    }
+    // The caller still connected gets an answer, not a dropped connection.
+    let answer = rt
+        .block_on(pay)
+        .unwrap()
+        .expect("an answer before the exit");
+    let status = answer.status().as_u16();
+    let text = rt.block_on(answer.text()).unwrap();
+    assert_eq!(status, 500, "{text}");
+    assert!(text.contains("execution-failed"), "{text}");
     assert_eq!(
         key_state(&db.url, "cut-pay").as_deref(),
         Some("FAILED_RETRYABLE"),
@@ -547,6 +550,49 @@ fn sigterm_cuts_off_an_execution_past_the_grace_and_its_key_is_retryable_at_once
     ));
     assert_eq!(paid.status, 200, "{}", paid.text);
     assert!(retried.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn sigterm_still_cuts_off_an_execution_whose_caller_hung_up() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let mut s = Serve::start(&db, &["--api-key", &key, "--shutdown-grace", "1s"], &[]);
+    let rt = runtime();
+    let http = client();
+    let order = rt.block_on(create_order(&http, &s, "gone-create"));
+    let token = hold_order_lease(&db.url, &order);
+    // The caller gives up after 300 ms; the handler goes on waiting for the lease in a
+    // task of its own, with no connection left for the drain to wait on.
+    let gone = rt.block_on(async {
+        reqwest::Client::builder()
+            .timeout(Duration::from_millis(300))
+            .build()
+            .unwrap()
+            .post(s.url(&format!("/v1/orders/{order}/pay")))
+            .bearer_auth(KEY)
+            .header("Idempotency-Key", "gone-pay")
+            .json(&json!({}))
+            .send()
+            .await
+    });
+    assert!(gone.is_err(), "the caller hung up");
+    wait_for_state(&db.url, "gone-pay", "PROCESSING", Duration::from_secs(10));
+
+    let sent = Instant::now();
+    s.sigterm();
+    let status = s.exit_within(Duration::from_secs(8));
+    assert_eq!(status.code(), Some(0), "{}", s.stderr());
+    assert!(
+        sent.elapsed() >= Duration::from_millis(900),
+        "exited after {:?} without waiting for the execution",
+        sent.elapsed()
+    );
+    assert_eq!(
+        key_state(&db.url, "gone-pay").as_deref(),
+        Some("FAILED_RETRYABLE"),
+        "not left PROCESSING for its lease"
+    );
+    release_order_lease(&db.url, &order, token);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -869,6 +915,17 @@ fn ambiguous_or_weak_secrets_are_refused_at_start() {
         !stderr.contains("dup-secret"),
         "the secret is echoed: {stderr}"
     );
+
+    // A key source that holds no key is an error, not development mode.
+    let (status, stderr) = serve(&[], &[("IDEM_API_KEYS", "")]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("holds no"), "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("keys");
+    std::fs::write(&empty, "# no keys yet\n").unwrap();
+    let (status, stderr) = serve(&["--api-keys-file", empty.to_str().unwrap()], &[]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("holds no"), "{stderr}");
 
     // Across sources too: the environment and the command line.
     let (status, stderr) = serve(
