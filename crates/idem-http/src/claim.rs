@@ -21,6 +21,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{Claim, ClaimKind, ClaimRequest, Fingerprint, RequestParts, Scope};
 use tokio::time::Instant;
 use tower::Service;
+use tracing::Instrument;
 
 use crate::auth::Identity;
 use crate::config::{InProgressMode, KeyRequirement, StoreUnavailableMode};
@@ -107,6 +108,40 @@ where
     };
     parts.extensions.insert(identity);
 
+    // From the claim on, the decision runs in a task of its own: a client that hangs
+    // up while the claim is being written (or before the handler's task starts) must
+    // not leave a PROCESSING record behind for its whole lease.
+    let decision = tokio::spawn(
+        decide(shared, inner, parts, body, claim_request, rules, route)
+            .instrument(tracing::Span::current()),
+    );
+    match decision.await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::error!(error = %e, "the claim task failed");
+            Problem::new(ProblemKind::ExecutionFailed, "the request failed").into_response()
+        }
+    }
+}
+
+/// Claims the key and acts on the store's answer (see the module docs).
+async fn decide<S, B>(
+    shared: Arc<Shared>,
+    inner: S,
+    parts: Parts,
+    body: Bytes,
+    claim_request: ClaimRequest,
+    rules: crate::config::ResolvedRules,
+    route: String,
+) -> Response
+where
+    S: Service<Request<Body>, Response = http::Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let metrics = &shared.metrics;
     let mut waiting: Option<(Instant, crate::completion::Subscription)> = None;
     loop {
         match shared.store.claim(&claim_request).await {

@@ -426,7 +426,7 @@ async fn sigterm_drains_the_gateway_and_frees_a_cut_off_key() {
     let (_gw2, gw2) = gateway(dir.path(), &serve_url, extra).await;
     let t = Instant::now();
     let r = order(&c, &gw2, Some(ALICE), &key).send().await.unwrap();
-    assert_eq!(r.status(), 201);
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     let t = Instant::now();
     let r = order(&c, &gw2, Some(ALICE), &abandoned)
