@@ -19,7 +19,7 @@ use crate::error::GatewayError;
 use crate::routes::{KeyRule, PathPattern};
 
 /// The whole gateway configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// Address to listen on. Port 0 picks a free port (see [`crate::bind`]).
@@ -163,7 +163,7 @@ pub struct RouteConfig {
 }
 
 /// Callers and their tenants.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// Header carrying the API key. `authorization` expects `Bearer <key>`; any other
@@ -194,6 +194,60 @@ pub struct AuthConfig {
     pub principal_secret: Option<String>,
     /// A file holding `principal_secret` (trailing newline ignored).
     pub principal_secret_file: Option<std::path::PathBuf>,
+}
+
+/// Secrets (API keys, the principal secret, the upstream token, a Redis password) as
+/// `***`: a configuration printed in a log line must not carry them.
+fn redacted(v: &mut serde_json::Value) {
+    let hide = |x: &mut serde_json::Value| {
+        if !x.is_null() {
+            *x = "***".into();
+        }
+    };
+    if let Some(auth) = v.get_mut("auth") {
+        if let Some(keys) = auth.get_mut("api_keys").and_then(|k| k.as_object_mut()) {
+            let tenants: Vec<serde_json::Value> = keys.values().cloned().collect();
+            *auth.get_mut("api_keys").expect("present") = tenants.into();
+        }
+        if let Some(s) = auth.get_mut("principal_secret") {
+            hide(s);
+        }
+    }
+    if let Some(s) = v.get_mut("principal_secret") {
+        hide(s);
+    }
+    if let Some(keys) = v.get_mut("api_keys").and_then(|k| k.as_object_mut()) {
+        let tenants: Vec<serde_json::Value> = keys.values().cloned().collect();
+        *v.get_mut("api_keys").expect("present") = tenants.into();
+    }
+    if let Some(s) = v.get_mut("upstream_token") {
+        hide(s);
+    }
+    if let Some(url) = v.get_mut("redis_url") {
+        if let Some(u) = url.as_str() {
+            if let Some((scheme, rest)) = u.split_once("://") {
+                if let Some((_, host)) = rest.rsplit_once('@') {
+                    *url = format!("{scheme}://***@{host}").into();
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut v = serde_json::to_value(self).map_err(|_| std::fmt::Error)?;
+        redacted(&mut v);
+        write!(f, "GatewayConfig {v}")
+    }
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut v = serde_json::to_value(self).map_err(|_| std::fmt::Error)?;
+        redacted(&mut v);
+        write!(f, "AuthConfig {v}")
+    }
 }
 
 /// Refuses a JSON object that names one API key twice (serde would keep the last).
@@ -526,6 +580,30 @@ mod tests {
         assert_eq!(c.auth.api_keys["k1"].principal().as_str(), "tenant-1");
         assert_eq!(c.auth.api_keys["k2"].principal().as_str(), "bob");
         assert_eq!(c.state_query.max_retries, 1);
+    }
+
+    #[test]
+    fn debug_output_carries_no_secret() {
+        let c = GatewayConfig::from_json(
+            r#"{"upstream": "http://127.0.0.1:9000", "upstream_token": "tok-secret-1",
+                "redis_url": "redis://user:pw-secret-2@127.0.0.1:6379",
+                "auth": {"api_keys": {"key-secret-3": "tenant-1"},
+                         "principal_secret": "secret-of-sixteen-4"}}"#,
+        )
+        .unwrap();
+        let text = format!("{c:?} {:?}", c.auth);
+        for secret in [
+            "tok-secret-1",
+            "pw-secret-2",
+            "key-secret-3",
+            "secret-of-sixteen-4",
+        ] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert!(
+            text.contains("tenant-1") && text.contains("127.0.0.1:6379"),
+            "{text}"
+        );
     }
 
     #[test]

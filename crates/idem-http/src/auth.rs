@@ -84,7 +84,30 @@ impl BearerTokens {
         Self::default()
     }
 
-    /// Adds `token` for `identity`; a token given again now stands for the new identity.
+    /// Adds `token` for `identity`, refusing a token that already stands for another
+    /// identity (one secret must never open two tenants).
+    pub fn try_with(
+        self,
+        token: impl Into<String>,
+        identity: Identity,
+    ) -> Result<Self, TokenConflict> {
+        let token = token.into();
+        let d = digest(token.as_bytes());
+        if let Some((_, known)) = self
+            .tokens
+            .iter()
+            .find(|(k, id)| same_digest(k, &d) && *id != identity)
+        {
+            return Err(TokenConflict {
+                first: known.clone(),
+                second: identity,
+            });
+        }
+        Ok(self.with(token, identity))
+    }
+
+    /// Adds `token` for `identity`; a token given again now stands for the new identity
+    /// (use [`BearerTokens::try_with`] for configuration read from outside).
     pub fn with(mut self, token: impl Into<String>, identity: Identity) -> Self {
         let d = digest(token.into().as_bytes());
         self.tokens.retain(|(known, _)| !same_digest(known, &d));
@@ -112,6 +135,14 @@ impl BearerTokens {
         }
         found
     }
+}
+
+/// One bearer token configured for two identities.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("one token is configured for {} and for {}", first.tenant, second.tenant)]
+pub struct TokenConflict {
+    pub first: Identity,
+    pub second: Identity,
 }
 
 impl std::fmt::Debug for BearerTokens {
@@ -157,6 +188,17 @@ mod tests {
             b = b.header(AUTHORIZATION, a);
         }
         b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn a_token_for_two_identities_is_refused() {
+        let id = |t: &str| Identity::new(TenantId::new(t).unwrap(), Principal::new(t).unwrap());
+        let auth = BearerTokens::new().try_with("s3cret", id("t1")).unwrap();
+        let again = auth.clone().try_with("s3cret", id("t1")).unwrap();
+        assert_eq!(again.len(), 1, "the same pair twice is one entry");
+        let e = auth.try_with("s3cret", id("t2")).unwrap_err();
+        assert_eq!(e.first.tenant.as_str(), "t1");
+        assert!(!e.to_string().contains("s3cret"));
     }
 
     #[tokio::test]

@@ -70,7 +70,7 @@ mod replay;
 pub mod retention;
 pub mod transactional;
 
-pub use auth::{Authenticate, BearerTokens, Identity, Unauthenticated};
+pub use auth::{Authenticate, BearerTokens, Identity, TokenConflict, Unauthenticated};
 pub use config::{
     IdempotencyConfig, InProgressMode, KeyRequirement, ResolvedRules, RouteRule,
     StoreUnavailableMode,

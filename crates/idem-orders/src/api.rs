@@ -941,6 +941,10 @@ pub(crate) async fn refresh_state_gauges(
     db: &Database,
     metrics: &OrdersMetrics,
 ) -> Result<(), Error> {
+    // One refresh at a time, read and write together: a background refresh that read
+    // before a freeze changed must not write after the refresh that follows the change.
+    static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = REFRESH.lock().await;
     let freezes = freeze::active_freezes(db).await?;
     let (pending, unpublished) = {
         let mut conn = db.acquire().await?;
@@ -1043,6 +1047,19 @@ async fn read_body_in_time(
     let (parts, body) = request.into_parts();
     if http_body::Body::is_end_stream(&body) {
         return next.run(Request::from_parts(parts, body)).await;
+    }
+    // Nobody buffers a body for a caller it does not know: every route that takes one
+    // needs a tenant key or the admin token.
+    if let Err(refused) = state.auth.authenticate(&parts).await {
+        if parts.uri.path().starts_with("/v1/admin/") {
+            if let Err(e) = require_admin(&state, &parts.headers) {
+                return e.into_response();
+            }
+        } else {
+            return Problem::new(ProblemKind::Unauthenticated, refused.detail)
+                .challenge(refused.challenge)
+                .into_response();
+        }
     }
     let limit = state.max_body;
     let declared = parts

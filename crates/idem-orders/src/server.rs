@@ -376,10 +376,12 @@ impl App {
         for key in &keys {
             let principal = Principal::new(format!("api-key:{}", key.tenant))
                 .map_err(|e| Error::InvalidInput(e.to_string()))?;
-            auth = auth.with(
-                key.secret.clone(),
-                Identity::new(key.tenant.clone(), principal),
-            );
+            auth = auth
+                .try_with(
+                    key.secret.clone(),
+                    Identity::new(key.tenant.clone(), principal),
+                )
+                .map_err(|e| Error::InvalidInput(e.to_string()))?;
         }
 
         let mut registry = Registry::default();

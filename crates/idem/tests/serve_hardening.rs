@@ -397,6 +397,20 @@ fn a_stalled_body_gets_408_problem_json_and_its_connection_closed() {
         assert!(took < Duration::from_secs(5), "{took:?}");
     }
     assert_eq!(key_state(&db.url, "stall-1"), None, "nothing was recorded");
+
+    // Without a credential nothing is buffered: refused at once, not after the timeout.
+    for (path, status) in [("/v1/orders", "401"), ("/v1/admin/freezes", "401")] {
+        let anonymous = format!(
+            "POST {path} HTTP/1.1\r\nHost: idem\r\nContent-Type: application/json\r\n\
+             Content-Length: 100\r\n\r\n{{\"x\":"
+        );
+        let (answer, took, _) = raw(&s.addr, anonymous.as_bytes(), Duration::from_secs(8));
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{path} after {took:?}: {answer:?}"
+        );
+        assert!(took < Duration::from_millis(900), "{path}: {took:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
