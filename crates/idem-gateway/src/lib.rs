@@ -38,10 +38,17 @@
 //! - The authenticated tenant in `x-idem-tenant` and principal in `x-idem-principal`
 //!   (names configurable). Client-sent copies are removed, so the upstream may trust them
 //!   from the gateway; `upstream_token` adds `x-idem-gateway-token` to prove the sender.
+//!   Without API keys both carry the caller's partition (`caller-…`, a keyed hash of its
+//!   credential): they tell callers apart but authenticate nobody — the upstream checks
+//!   the forwarded credential itself.
+//! - Write routes that honour `Idempotency-Key`: after an uncertain result the gateway
+//!   re-sends the same request with the same key once the key-state endpoint has an
+//!   answer, and takes the upstream's own verdict (replay or 422).
 //! - Hop-by-hop fields removed (RFC 9110 §7.6.1), `Host` set to the upstream,
 //!   `X-Forwarded-For` / `X-Forwarded-Host` set, the API key removed. Client-sent
-//!   `X-Forwarded-*` and `Forwarded` are kept (and extended) only from peers listed in
-//!   `trusted_proxies`; from anyone else the upstream sees the peer address alone.
+//!   `X-Forwarded-*`, `Forwarded` and `X-Real-IP` are kept (`X-Forwarded-For` extended)
+//!   only from peers listed in `trusted_proxies`; from anyone else the upstream sees the
+//!   peer address alone.
 //! - The caller's own credential headers, unchanged (they are the upstream's to
 //!   check), and `X-Request-Id`.
 //! - For uncertain results, a key state endpoint (default
