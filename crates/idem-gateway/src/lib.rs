@@ -100,8 +100,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::rt::TokioTimer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -244,35 +243,17 @@ async fn serve(
         .header_read_timeout(ctx.config.header_read_timeout())
         .keep_alive(true)
         .writev(false);
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // Out of file descriptors and the like: keep serving the open ones.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let ctx = ctx.clone();
-                let peer_info = Arc::new(service::Peer::new(peer));
-                let svc = service_fn(move |req| service::serve(ctx.clone(), peer_info.clone(), req));
-                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            _ = &mut shutdown => break,
-        }
-    }
-    drop(listener);
+    let graceful = idem_http::serve::accept_until(
+        listener,
+        &http,
+        |peer| {
+            let ctx = ctx.clone();
+            let peer_info = Arc::new(service::Peer::new(peer));
+            service_fn(move |req| service::serve(ctx.clone(), peer_info.clone(), req))
+        },
+        shutdown,
+    )
+    .await;
     tracing::info!("idem gateway shutting down");
     // Connections drain, and so do flights whose callers already hung up (they run
     // in tasks of their own): both within the grace.

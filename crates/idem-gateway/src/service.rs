@@ -50,14 +50,6 @@ pub(crate) fn request_id() -> Option<Arc<str>> {
     REQUEST_ID.try_with(Arc::clone).ok()
 }
 
-/// A client's own `X-Request-Id` when it is short and plain, else a fresh one.
-fn request_id_of(headers: &HeaderMap) -> Arc<str> {
-    idem_http::headers::client_request_id(headers).map_or_else(
-        || Arc::from(uuid::Uuid::now_v7().simple().to_string()),
-        Arc::from,
-    )
-}
-
 /// Everything a request needs, shared by all connections of one gateway.
 pub(crate) struct Ctx {
     pub config: GatewayConfig,
@@ -306,7 +298,7 @@ pub(crate) async fn serve(
 }
 
 async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
-    let id = request_id_of(req.headers());
+    let id = idem_http::headers::request_id(req.headers());
     let mut response = REQUEST_ID
         .scope(id.clone(), route_request(ctx, peer, req))
         .await;

@@ -26,6 +26,15 @@ pub const IDEMPOTENT_BODY_OMITTED: HeaderName = HeaderName::from_static("idempot
 /// Correlates an answer with the log lines (and the upstream's) of its request.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The id of this request: the client's own (see [`client_request_id`]), else a fresh
+/// UUIDv7.
+pub fn request_id(headers: &http::HeaderMap) -> std::sync::Arc<str> {
+    client_request_id(headers).map_or_else(
+        || std::sync::Arc::from(uuid::Uuid::now_v7().simple().to_string()),
+        std::sync::Arc::from,
+    )
+}
+
 /// The client's own request id, when it is short and plain enough to log and echo
 /// (1 to 64 of `A-Z a-z 0-9 - _ . :`); otherwise the server makes one.
 pub fn client_request_id(headers: &http::HeaderMap) -> Option<&str> {

@@ -68,6 +68,7 @@ pub mod openapi;
 pub mod problem;
 mod replay;
 pub mod retention;
+pub mod serve;
 pub mod transactional;
 
 pub use auth::{Authenticate, BearerTokens, Identity, TokenConflict, Unauthenticated};

@@ -983,9 +983,7 @@ pub use idem_http::headers::REQUEST_ID;
 const MAX_PROBLEM_BODY: usize = 64 * 1024;
 
 async fn request_ids(request: Request, next: Next) -> Response {
-    let id: Arc<str> = idem_http::headers::client_request_id(request.headers())
-        .map(Arc::from)
-        .unwrap_or_else(|| Arc::from(uuid::Uuid::now_v7().simple().to_string()));
+    let id = idem_http::headers::request_id(request.headers());
     // An error-level span, so its id shows on every logged warning and error.
     let span = tracing::error_span!("request", request_id = %id);
     let response = next.run(request).instrument(span).await;

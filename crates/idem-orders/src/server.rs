@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use idem_core::{OutcomePolicy, Principal, TenantId};
@@ -608,37 +608,17 @@ async fn accept(
     http.timer(TokioTimer::new())
         .header_read_timeout(header_read)
         .keep_alive(true);
-    let graceful = GracefulShutdown::new();
     let stopped = async move {
         // Err: the sender is gone, which stops serving too.
         let _ = stop.wait_for(|stop| *stop).await;
     };
-    tokio::pin!(stopped);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors and the like: keep serving the open ones.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
-                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            _ = &mut stopped => break,
-        }
-    }
-    graceful
+    idem_http::serve::accept_until(
+        listener,
+        &http,
+        |_| TowerToHyperService::new(router.clone()),
+        stopped,
+    )
+    .await
 }
 
 /// Waits for the connections to finish their requests and for executions whose caller
