@@ -1,7 +1,7 @@
 //! Lease scenarios every lease store must pass (SQLite, PostgreSQL, Redis).
 //!
 //! Each scenario takes a [`LeaseHarness`] and asserts what holders and protected
-//! resources rely on: the seed's four ways a lock dies (BRIEF §7) on controlled time,
+//! resources rely on: the seed's four ways a lock dies (docs/DESIGN.md: how locks die) on controlled time,
 //! tokens that never go back, compare-and-set renew and release, and the evidence. A
 //! backend's test module calls [`lease_tests!`](crate::lease_tests) once.
 //!

@@ -1,5 +1,5 @@
 //! Retention tiers: how long each kind of evidence stays, and the store contract the
-//! sweeper works through (BRIEF §6).
+//! sweeper works through (docs/DESIGN.md: retention tiers).
 //!
 //! ```text
 //!  completed ──retry window──▶ REPLAY ──replay window──▶ DISPUTE ──dispute window──▶ ARCHIVE

@@ -98,7 +98,7 @@ pub enum Decision {
     TakeOver(ClaimKind),
 }
 
-/// The claim decision table (BRIEF §4) for an existing record.
+/// The claim decision table (docs/DESIGN.md: key states) for an existing record.
 pub fn decide(existing: &Record, req: &ClaimRequest, now: Millis) -> Decision {
     if existing.fingerprint != req.fingerprint || existing.principal != req.principal {
         return Decision::Mismatch;

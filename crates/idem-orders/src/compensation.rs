@@ -1,5 +1,5 @@
 //! The business layer's answer to the sweeper's question "is compensation still pending
-//! for this result?" (BRIEF §6): an idempotency record must keep its tier while its order
+//! for this result?" (docs/DESIGN.md: retention tiers): an idempotency record must keep its tier while its order
 //! waits for a refund or still has undelivered messages.
 //!
 //! Reads only; it never changes a ledger.

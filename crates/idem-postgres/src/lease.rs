@@ -1,7 +1,7 @@
 //! Leases with fencing tokens on PostgreSQL, and the fenced write for resources in the
 //! same database.
 //!
-//! PostgreSQL is where fencing tokens for high-risk writes come from (BRIEF §9): the
+//! PostgreSQL is where fencing tokens for high-risk writes come from (docs/DESIGN.md: where each store fits): the
 //! counter, the lease and the protected resource's fence are rows committed by the same
 //! database, so a token the fence has seen can never be granted again.
 //!

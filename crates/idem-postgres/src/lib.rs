@@ -14,7 +14,7 @@
 //!   `(version, owner, state = PROCESSING)`.
 //! - The transactional form ([`PgStore::claim_in_tx`], [`PgStore::finish_in_tx`]) for a
 //!   service whose business rows live in the same database: the record commits or rolls
-//!   back together with the business write (BRIEF §3, §10).
+//!   back together with the business write (docs/DESIGN.md: two layers, commit costs).
 //!
 //! # What it must not do
 //! - Read time from the caller: every deadline comes from the database clock

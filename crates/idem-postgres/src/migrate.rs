@@ -47,7 +47,7 @@ CREATE TABLE idem_records (
     updated_at       bigint  NOT NULL,
     completed_at     bigint
 );
--- The last gate (BRIEF §4): two instances that both saw "absent" both INSERT; this index
+-- The last gate (docs/DESIGN.md: key states): two instances that both saw "absent" both INSERT; this index
 -- lets one win and makes the other read the winner's record. unique_guard() checks it.
 CREATE UNIQUE INDEX idem_records_scope_uq ON idem_records (tenant_id, key);
 -- The stale-PROCESSING scan (records whose lease ran out) reads only this small index.

@@ -86,7 +86,7 @@ impl Statements {
         let insert_cols = "tenant_id, key, principal, fingerprint, state, version, owner, \
                            lease_expires_at, attempts, created_at, updated_at";
 
-        // One plain statement for a fresh key (BRIEF §10). DO NOTHING takes no row lock
+        // One plain statement for a fresh key (docs/DESIGN.md: commit costs). DO NOTHING takes no row lock
         // and writes nothing when the key exists. If the conflicting row is still
         // uncommitted this waits for it, so an empty answer means the row is committed
         // and visible to the next statement (`claim_read`).
@@ -105,7 +105,7 @@ impl Statements {
         // `take_over`). Reading first keeps the common existing-key answers cheap: the
         // insert (and the table's CHECK constraints, which PostgreSQL evaluates before
         // looking for a conflict) never runs for a key that is already there.
-        // BRIEF §11 pitfall: when the key is absent from this statement's snapshot but a
+        // Pitfall (docs/DESIGN.md: pitfalls): when the key is absent from this statement's snapshot but a
         // concurrent transaction inserts it and commits while `ins` waits on the unique
         // index, `ins` conflicts and `cur` (the older snapshot) has nothing: no row comes
         // back. The caller re-runs the statement, whose new snapshot sees the record.

@@ -172,7 +172,7 @@ async fn transactional_form_commits_with_the_business_write() {
     assert_eq!(store.get(&req.scope).await.unwrap(), None);
 
     // A concurrent duplicate waits on the unique index until the commit, then replays
-    // (one commit for the whole intent, BRIEF §10).
+    // (one commit for the whole intent, docs/DESIGN.md: commit costs).
     let dup = {
         let store = store.clone();
         let req = request(&t, "buy", "show-S-204", "svc-b");
@@ -274,7 +274,7 @@ async fn transactional_form_lost_cas_is_superseded() {
     store.complete(&new, result("taker")).await.unwrap();
 }
 
-/// BRIEF §11, made deterministic: the one-statement claim (read the record, insert when
+/// The READ COMMITTED pitfall (docs/DESIGN.md: pitfalls), made deterministic: the one-statement claim (read the record, insert when
 /// absent) starts while the conflicting row is uncommitted. Its read does not see the row
 /// (not committed yet), its INSERT waits on the unique index, conflicts after the commit,
 /// and the read's snapshot still does not see the row: the statement returns nothing.

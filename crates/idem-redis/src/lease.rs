@@ -2,7 +2,7 @@
 //!
 //! # What this gives, and what it does not (read before relying on it)
 //!
-//! A Redis lease is an **efficiency lock** (BRIEF §9): it keeps concurrent instances
+//! A Redis lease is an **efficiency lock** (docs/DESIGN.md: where each store fits): it keeps concurrent instances
 //! from doing the same work twice in the common case. It becomes a **correctness** lock
 //! only where the protected resource checks the fencing token in an authoritative store
 //! — `idem_postgres::PgStore::fenced_write` / `fence_in_tx` or

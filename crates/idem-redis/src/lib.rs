@@ -2,7 +2,7 @@
 //!
 //! # When to choose Redis, and when not
 //!
-//! Redis is the store for the **gateway layer** (BRIEF §3, §9): many gateway instances
+//! Redis is the store for the **gateway layer** (docs/DESIGN.md: two layers, where each store fits): many gateway instances
 //! share one short window in which concurrent duplicates are coalesced and a finished
 //! result is replayed quickly. It is **not** the authoritative record of a business
 //! action. Choose PostgreSQL (`idem-postgres`) when the idempotency record must commit

@@ -1,5 +1,5 @@
 //! idem-sweep: the sweeper. Storage cost goes down through tiers and digests — never by
-//! forgetting evidence that is still valid (BRIEF §6).
+//! forgetting evidence that is still valid (docs/DESIGN.md: retention tiers).
 //!
 //! One [`Sweeper::run`]:
 //! 1. takes the lease `idem.sweeper` (when a [`LeaseStore`] is given) and keeps it alive;

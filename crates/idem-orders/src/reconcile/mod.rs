@@ -1,5 +1,5 @@
 //! `idem reconcile`: four-ledger reconciliation, and compensation through the order state
-//! machine — step 2 of the incident playbook (BRIEF §1). The night already happened; this
+//! machine — step 2 of the incident playbook (docs/DESIGN.md: the incident). The night already happened; this
 //! repairs it without deleting a row.
 //!
 //! # What it does

@@ -1,4 +1,4 @@
--- idem claim: decides BRIEF §4 / idem_core::decide atomically for one record.
+-- idem claim: decides the key-state table (docs/DESIGN.md) / idem_core::decide atomically for one record.
 -- The record is one string value (layout in lib.rs, "Record encoding"): a fixed
 -- 46-byte header, the owner block, the identity block, then the result.
 -- KEYS[1] record key
