@@ -369,7 +369,7 @@ pub(crate) struct Resolution {
 }
 
 impl Resolution {
-    fn response(ctx: &Ctx, captured: Captured, replayed: bool) -> Self {
+    fn response(ctx: &Ctx, captured: Captured) -> Self {
         let state = ctx
             .config
             .outcome_policy
@@ -392,7 +392,10 @@ impl Resolution {
             }
         };
         Self {
-            outcome: Outcome::Response { captured, replayed },
+            outcome: Outcome::Response {
+                captured,
+                replayed: false,
+            },
             finish,
         }
     }
@@ -458,7 +461,7 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
             Exchange::Complete(captured) if resent && in_progress(&captured) => {
                 "the re-send found the first attempt still in progress".to_string()
             }
-            Exchange::Complete(captured) => return Resolution::response(ctx, captured, false),
+            Exchange::Complete(captured) => return Resolution::response(ctx, captured),
             Exchange::NotSent(e) => {
                 return Resolution::problem(
                     Problem::new(
