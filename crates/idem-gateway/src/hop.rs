@@ -13,17 +13,21 @@ use http::header::{
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
+/// The fields `Connection` names (hop-by-hop for this message only); names that are not
+/// header names are skipped.
+pub fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = HeaderName> + '_ {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+}
+
 /// Strips hop-by-hop fields from `headers` in place.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Fields named by Connection are hop-by-hop for this message only.
     if headers.contains_key(CONNECTION) {
-        let named: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .collect();
+        let named: Vec<HeaderName> = connection_names(headers).collect();
         for name in named {
             headers.remove(name);
         }

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::header::{
-    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE,
-    COOKIE, FORWARDED, HOST,
+    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE,
+    FORWARDED, HOST,
 };
 use http::{Method, Request, Response, Version};
 use http_body::Body as _;
@@ -177,12 +177,7 @@ impl Ctx {
 
     /// The first end-to-end header the request's `Connection` names, if any.
     fn connection_conflict(&self, headers: &HeaderMap) -> Option<String> {
-        headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        crate::hop::connection_names(headers)
             .find(|n| self.end_to_end(n))
             .map(|n| n.as_str().to_string())
     }
