@@ -154,7 +154,8 @@ pub struct ApiKeys {
     credentials: Option<Credentials>,
 }
 
-fn header_name(s: &str) -> Result<HeaderName, GatewayError> {
+/// A configured header name (any case), or a configuration error naming it.
+pub(crate) fn header_name(s: &str) -> Result<HeaderName, GatewayError> {
     HeaderName::from_bytes(s.to_ascii_lowercase().as_bytes())
         .map_err(|_| GatewayError::Config(format!("bad header name {s:?}")))
 }

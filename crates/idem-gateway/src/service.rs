@@ -96,10 +96,7 @@ impl Ctx {
             config.upstream_timeout(),
             config.max_response_bytes,
         );
-        let header = |s: &str| {
-            HeaderName::from_bytes(s.to_ascii_lowercase().as_bytes())
-                .map_err(|_| GatewayError::Config(format!("bad header name {s:?}")))
-        };
+        let header = crate::auth::header_name;
         let base = UpstreamBase::parse(&config.upstream)?;
         let upstream_host = HeaderValue::from_str(base.authority().as_str())
             .map_err(|_| GatewayError::Config("bad upstream authority".into()))?;
