@@ -13,18 +13,35 @@
 //! 413 and 422 are returned at once as [`ClientError::Rejected`]. The final response
 //! tells whether it was a replay ([`IdempotentResponse::replayed`]).
 //!
-//! ```no_run
+//! ```
 //! use idem_client::{IdempotentClient, RetryPolicy};
+//! # use std::sync::{Arc, Mutex};
+//! # use axum::{http::{HeaderMap, StatusCode}, routing::post, Router};
 //!
-//! # async fn run() -> Result<(), idem_client::ClientError> {
-//! let client = IdempotentClient::new(reqwest::Client::new());
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # // A stand-in server: the first attempt gets a 503, the second a 201.
+//! # let keys = Arc::new(Mutex::new(Vec::<String>::new()));
+//! # let seen = keys.clone();
+//! # let app = Router::new().route("/v1/orders", post(move |headers: HeaderMap| async move {
+//! #     let mut seen = seen.lock().unwrap();
+//! #     seen.push(headers["idempotency-key"].to_str().unwrap().to_owned());
+//! #     if seen.len() == 1 { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::CREATED }
+//! # }));
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let base = format!("http://{}", listener.local_addr()?);
+//! # tokio::spawn(async move { axum::serve(listener, app).await });
+//! let client = IdempotentClient::new(reqwest::Client::new())
+//!     .with_policy(RetryPolicy::default().max_attempts(3));
 //! let intent = client
-//!     .post("http://127.0.0.1:8080/v1/orders")
+//!     .post(format!("{base}/v1/orders"))
 //!     .business_key("confirm:U-7318:S-204:session-42")?
 //!     .bearer_auth("secret-token")
 //!     .json(&serde_json::json!({"user_id": "U-7318", "show_id": "S-204"}))?;
 //! let response = intent.send().await?;
 //! println!("{} replayed={} after {} attempts", response.status, response.replayed, response.attempts);
+//! # assert_eq!((response.status.as_u16(), response.attempts), (201, 2));
+//! # assert_eq!(*keys.lock().unwrap(), ["confirm:U-7318:S-204:session-42"; 2]);
 //! # Ok(()) }
 //! ```
 //!

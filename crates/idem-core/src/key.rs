@@ -158,6 +158,20 @@ name_type!(
     []
 );
 
+/// An authenticated caller: the tenant its keys live in and the principal its records
+/// are bound to. Authentication decides both; no header a client sets freely does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Identity {
+    pub tenant: TenantId,
+    pub principal: Principal,
+}
+
+impl Identity {
+    pub fn new(tenant: TenantId, principal: Principal) -> Self {
+        Self { tenant, principal }
+    }
+}
+
 /// Where a key lives: one intent is `(tenant, key)`; the same key string in two
 /// tenants is two intents.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

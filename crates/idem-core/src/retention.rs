@@ -647,18 +647,6 @@ pub trait RetentionStore: ArchiveLookup {
 
     /// Records and average size per tier.
     async fn usage(&self) -> Result<Vec<TierUsage>, StoreError>;
-
-    /// Test and benchmark fixture: inserts `count` SUCCEEDED records in the retry tier
-    /// under `tenant`, keys `{prefix}{n}`, completed at `completed_at`, each with a
-    /// `body_bytes` response body and result reference `order-{prefix}{n}`.
-    async fn seed_terminal(
-        &self,
-        tenant: &TenantId,
-        prefix: &str,
-        count: u64,
-        completed_at: Millis,
-        body_bytes: usize,
-    ) -> Result<u64, StoreError>;
 }
 
 #[cfg(test)]

@@ -26,12 +26,8 @@ pub const ANONYMOUS: &str = "anonymous";
 /// Environment variable read for the principal secret when the file names none.
 pub const PRINCIPAL_SECRET_ENV: &str = "IDEM_GATEWAY_PRINCIPAL_SECRET";
 
-/// An authenticated caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub tenant: TenantId,
-    pub principal: Principal,
-}
+/// An authenticated caller (the vocabulary's own type).
+pub use idem_core::Identity;
 
 /// What the request's credentials say.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,67 +1,17 @@
-//! Bodies: the boxed body type the gateway speaks on both sides, buffering with a size
-//! and time limit (keyed routes), and an idle timeout for streamed bodies (pass-through).
+//! Bodies: the pipeline's body type and bounded buffering (keyed routes, re-exported
+//! from `idem_http::body`), and an idle timeout for streamed bodies (pass-through).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Empty, Full};
 use tokio::time::{Instant, Sleep};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Every body the gateway sends or forwards.
-pub type Body = BoxBody<Bytes, BoxError>;
-
-pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed()
-}
-
-pub fn empty() -> Body {
-    Empty::<Bytes>::new()
-        .map_err(|never| match never {})
-        .boxed()
-}
-
-/// Why buffering a body failed.
-#[derive(Debug)]
-pub enum ReadError {
-    TooLarge { limit: usize },
-    TimedOut,
-    Broken(BoxError),
-}
-
-/// Buffers a whole body: at most `limit` bytes, and all of it within `timeout`.
-pub async fn read_limited<B>(body: B, limit: usize, timeout: Duration) -> Result<Bytes, ReadError>
-where
-    B: HttpBody<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    let collect = async {
-        let mut body = body;
-        let mut buf = BytesMut::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| ReadError::Broken(e.into()))?;
-            if let Ok(data) = frame.into_data() {
-                if buf.len() + data.len() > limit {
-                    return Err(ReadError::TooLarge { limit });
-                }
-                buf.extend_from_slice(&data);
-            }
-        }
-        Ok(buf.freeze())
-    };
-    match tokio::time::timeout(timeout, collect).await {
-        Ok(res) => res,
-        Err(_) => Err(ReadError::TimedOut),
-    }
-}
+/// The pipeline's body type, so keyed answers need no conversion.
+pub use idem_http::body::{empty, full, read_limited, Body, BoxError, ReadError};
 
 /// The error a stalled client body ends with.
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +79,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
 
     #[tokio::test]
     async fn limits() {

@@ -432,7 +432,7 @@ impl GatewayConfig {
             return bad("lease_ms is longer than a store accepts".into());
         }
         for rule in &self.routes {
-            PathPattern::parse(&rule.path)?;
+            PathPattern::parse(&rule.path).map_err(GatewayError::Config)?;
             for m in &rule.methods {
                 if m != "*" && Method::from_bytes(m.as_bytes()).is_err() {
                     return bad(format!("route {}: bad method {m:?}", rule.path));

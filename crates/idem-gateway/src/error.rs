@@ -16,7 +16,4 @@ pub enum GatewayError {
     },
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
-    /// A benchmark step failed.
-    #[error("bench: {0}")]
-    Bench(String),
 }

@@ -26,24 +26,26 @@
 //! The gateway never mints a key and never re-sends without the upstream's own word on
 //! the key: a re-send follows its "done" (the record replays) or "absent" answer, and
 //! carries the same key.
+//!
+//! Coalescing, the claim-and-wait loop, the lease heartbeat with the shutdown's cut-off
+//! and finishing the record are `idem_http::pipeline`'s, the same steps the server-side
+//! layer runs; what is the gateway's own here is the window's failure modes, the
+//! reverse-proxy exchange and the uncertain-result state query.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Response};
-use idem_core::{
-    Claim, ClaimRequest, ClaimToken, ErrorKind, Fingerprint, Finish, Outcome as Ending, Principal,
-    RecordState, Scope,
-};
+use idem_core::{ClaimRequest, ClaimToken, Fingerprint, Finish, Principal, RecordState, Scope};
 use idem_http::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use tokio::sync::watch;
+use idem_http::pipeline::{self, FinishPolicy, Joined, Lead, NotFinished, Ran, TooLarge, Turn};
+use idem_http::InProgressMode;
 use tokio::time::Instant;
 
 use crate::body::Body;
-use crate::problem::{Problem, ProblemKind, ProblemType};
+use crate::problem::{Problem, ProblemKind};
 use crate::service::Ctx;
 use crate::upstream::{Captured, Exchange, KeyState};
 
@@ -70,105 +72,42 @@ pub(crate) enum Outcome {
     Problem(Problem),
 }
 
-type Slot = watch::Receiver<Option<Arc<Outcome>>>;
-
-struct Flight {
-    fingerprint: Fingerprint,
-    outcome: Slot,
-}
-
-/// Executions in flight in this process, by scope.
-#[derive(Default)]
-pub(crate) struct Flights {
-    map: Mutex<HashMap<Scope, Flight>>,
-}
-
-impl Flights {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, Flight>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-}
-
-/// Ends a flight: publishes its outcome (a problem if the driver died) and removes it.
-struct FlightGuard {
-    ctx: Arc<Ctx>,
-    scope: Scope,
-    tx: watch::Sender<Option<Arc<Outcome>>>,
-}
-
-impl FlightGuard {
-    fn complete(&self, outcome: Outcome) {
-        self.tx.send_replace(Some(Arc::new(outcome)));
-    }
-}
-
-impl Drop for FlightGuard {
-    fn drop(&mut self) {
-        if self.tx.borrow().is_none() {
-            self.complete(Outcome::Problem(Problem::new(
-                ProblemKind::ExecutionFailed,
-                "the gateway's execution of this key ended unexpectedly; retry with the same key",
-            )));
-        }
-        self.ctx.flights.lock().remove(&self.scope);
-    }
-}
+/// Executions in flight in this process, by scope (the pipeline's coalescing).
+pub(crate) type Flights = pipeline::Flights<Outcome>;
 
 /// Handles one keyed arrival: joins the flight for its scope or starts one.
 pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
-    let (mut slot, leader) = {
-        let mut map = ctx.flights.lock();
-        match map.get(&req.scope) {
-            Some(f) if f.fingerprint != req.fingerprint => {
-                drop(map);
-                return ctx.problem(Problem::new(
-                    ProblemKind::KeyReused,
-                    "this Idempotency-Key is being used right now for a different request",
-                ));
-            }
-            Some(f) => (f.outcome.clone(), false),
-            None => {
-                let (tx, rx) = watch::channel(None);
-                map.insert(
-                    req.scope.clone(),
-                    Flight {
-                        fingerprint: req.fingerprint,
-                        outcome: rx.clone(),
-                    },
-                );
-                let guard = FlightGuard {
-                    ctx: ctx.clone(),
-                    scope: req.scope.clone(),
-                    tx,
-                };
-                let span = tracing::info_span!(
-                    "keyed",
-                    request_id = crate::service::request_id().as_deref().unwrap_or("-")
-                );
-                tokio::spawn(tracing::Instrument::instrument(
-                    fly(ctx.clone(), req, guard),
-                    span,
-                ));
-                (rx, true)
-            }
+    let (follower, leader) = match ctx.flights.join(&req.scope, req.fingerprint) {
+        Joined::Mismatch => {
+            return ctx.problem(Problem::new(
+                ProblemKind::KeyReused,
+                "this Idempotency-Key is being used right now for a different request",
+            ))
+        }
+        Joined::Follow(follower) => {
+            ctx.metrics.coalesced();
+            (follower, false)
+        }
+        Joined::Lead(lead, follower) => {
+            let span = tracing::info_span!(
+                "keyed",
+                request_id = crate::service::request_id().as_deref().unwrap_or("-")
+            );
+            // A task of its own, so a client hanging up cannot cancel the flight.
+            tokio::spawn(tracing::Instrument::instrument(
+                fly(ctx.clone(), req, lead),
+                span,
+            ));
+            (follower, true)
         }
     };
-    if !leader {
-        ctx.metrics.coalesced();
-    }
-    let outcome = match slot.wait_for(Option::is_some).await {
-        Ok(v) => v.clone().expect("waited for a value"),
-        // The guard always sends before the sender goes away; this is unreachable.
-        Err(_) => Arc::new(Outcome::Problem(Problem::new(
+    match follower.outcome().await {
+        Some(outcome) => respond(&ctx, &outcome, !leader),
+        None => ctx.problem(Problem::new(
             ProblemKind::ExecutionFailed,
-            "the execution of this key was lost",
-        ))),
-    };
-    respond(&ctx, &outcome, !leader)
+            "the gateway's execution of this key ended unexpectedly; retry with the same key",
+        )),
+    }
 }
 
 fn respond(ctx: &Ctx, outcome: &Outcome, follower: bool) -> Response<Body> {
@@ -190,9 +129,9 @@ fn respond(ctx: &Ctx, outcome: &Outcome, follower: bool) -> Response<Body> {
     }
 }
 
-async fn fly(ctx: Arc<Ctx>, req: KeyedRequest, guard: FlightGuard) {
+async fn fly(ctx: Arc<Ctx>, req: KeyedRequest, lead: Lead<Outcome>) {
     let outcome = resolve(&ctx, &req).await;
-    guard.complete(outcome);
+    lead.complete(outcome);
 }
 
 /// Claims the key in the window and acts on the answer (see the module docs).
@@ -204,98 +143,77 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
         owner: ctx.next_owner(),
         lease: ctx.config.lease(),
     };
-    let deadline = Instant::now() + ctx.config.max_wait();
-    let mut subscription = None;
-    let mut counted = false;
-    let mut cut_off = ctx.cut_off.subscribe();
-    loop {
-        match ctx.window.claim(&claim).await {
-            Err(e) if !ctx.window.is_shared() => {
-                // The in-memory window is full (its only failure): forwarding would turn
-                // de-duplication off silently, so new keys are refused until records
-                // expire.
-                if e.is_unavailable() {
-                    ctx.metrics.window_full();
-                }
-                return Outcome::Problem(
-                    Problem::new(
-                        ProblemKind::StoreUnavailable,
-                        "the gateway's short window is full; retry with the same key later",
-                    )
-                    .cause(e.to_string())
-                    .retry_after(Duration::from_secs(1)),
-                );
+    let wait = InProgressMode::Wait {
+        max_wait: ctx.config.max_wait(),
+    };
+    let claimed = pipeline::claim(
+        &ctx.window,
+        ctx.window.wakeups(),
+        &claim,
+        wait,
+        &ctx.executions,
+    )
+    .await;
+    let claimed = match claimed {
+        Ok(claimed) => claimed,
+        Err(e) if !ctx.window.is_shared() => {
+            // The in-memory window is full (its only failure): forwarding would turn
+            // de-duplication off silently, so new keys are refused until records
+            // expire.
+            if e.is_unavailable() {
+                ctx.metrics.window_full();
             }
-            Err(e) => {
-                if e.is_unavailable() {
-                    tracing::debug!(scope = %req.scope, error = %e, "window unreachable; forwarding with the key");
-                } else {
-                    tracing::error!(scope = %req.scope, error = %e, "window error; forwarding with the key");
-                }
-                ctx.metrics.degraded_request();
-                return forward(ctx, req).await.outcome;
+            return Outcome::Problem(
+                Problem::new(
+                    ProblemKind::StoreUnavailable,
+                    "the gateway's short window is full; retry with the same key later",
+                )
+                .cause(e.to_string())
+                .retry_after(Duration::from_secs(1)),
+            );
+        }
+        Err(e) => {
+            if e.is_unavailable() {
+                tracing::debug!(scope = %req.scope, error = %e, "window unreachable; forwarding with the key");
+            } else {
+                tracing::error!(scope = %req.scope, error = %e, "window error; forwarding with the key");
             }
-            Ok(Claim::Proceed(token)) => return execute(ctx, req, token).await,
-            Ok(Claim::Replay(record)) => {
-                ctx.metrics.window_hit();
-                return match record.result.as_ref().and_then(Captured::from_stored) {
-                    Some(captured) => Outcome::Response {
-                        captured,
-                        replayed: true,
-                    },
-                    None => Outcome::Problem(Problem::new(
-                        ProblemKind::ResultNotStored,
-                        "the first request with this key ended without a stored response",
-                    )),
-                };
+            ctx.metrics.degraded_request();
+            return forward(ctx, req).await.outcome;
+        }
+    };
+    if claimed.waited {
+        ctx.metrics.coalesced();
+    }
+    match claimed.turn {
+        Turn::Proceed(token) => execute(ctx, req, token).await,
+        Turn::Replay(record) => {
+            ctx.metrics.window_hit();
+            match record.result.as_ref().and_then(Captured::from_stored) {
+                Some(captured) => Outcome::Response {
+                    captured,
+                    replayed: true,
+                },
+                None => Outcome::Problem(Problem::new(
+                    ProblemKind::ResultNotStored,
+                    "the first request with this key ended without a stored response",
+                )),
             }
-            Ok(Claim::Mismatch { .. }) => {
-                return Outcome::Problem(Problem::new(
-                    ProblemKind::KeyReused,
-                    "this Idempotency-Key was already used for a different request",
-                ))
-            }
-            Ok(Claim::InProgress {
-                lease_expires_at,
-                now,
-                ..
-            }) => {
-                if !counted {
-                    ctx.metrics.coalesced();
-                    counted = true;
-                }
-                let lease_left = Duration::from_millis((lease_expires_at - now).max(0) as u64);
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Outcome::Problem(
-                        Problem::new(
-                            ProblemKind::RequestInProgress,
-                            "the first request with this key is still being processed",
-                        )
-                        .retry_after(lease_left.max(Duration::from_secs(1))),
-                    );
-                }
-                match &mut subscription {
-                    // Subscribe first, then re-read: a completion in between is not lost.
-                    None => subscription = Some(ctx.window.subscribe(&req.scope).await),
-                    Some(sub) => {
-                        let sleep = (lease_left + Duration::from_millis(20)).min(left);
-                        tokio::select! {
-                            _ = sub.changed() => {}
-                            _ = tokio::time::sleep(sleep) => {}
-                            _ = async { cut_off.wait_for(|c| *c).await.map(|_| ()) } => {
-                                return Outcome::Problem(
-                                    Problem::new(
-                                        ProblemKind::RequestInProgress,
-                                        "the gateway is shutting down; the first request with this key is still being processed",
-                                    )
-                                    .retry_after(lease_left.max(Duration::from_secs(1))),
-                                );
-                            }
-                        }
-                    }
-                }
-            }
+        }
+        Turn::Mismatch => Outcome::Problem(Problem::new(
+            ProblemKind::KeyReused,
+            "this Idempotency-Key was already used for a different request",
+        )),
+        Turn::InProgress { lease_left } => {
+            let detail = if ctx.executions.is_cancelled() {
+                "the gateway is shutting down; the first request with this key is still being processed"
+            } else {
+                "the first request with this key is still being processed"
+            };
+            Outcome::Problem(
+                Problem::new(ProblemKind::RequestInProgress, detail)
+                    .retry_after(lease_left.max(Duration::from_secs(1))),
+            )
         }
     }
 }
@@ -303,61 +221,54 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
 /// Runs the claimed execution: forward with a lease heartbeat, finish the record, wake
 /// other instances.
 async fn execute(ctx: &Arc<Ctx>, req: &KeyedRequest, token: ClaimToken) -> Outcome {
-    let lease = ctx.config.lease();
-    let every = (lease / 3).max(Duration::from_millis(10));
-    let work = forward(ctx, req);
-    tokio::pin!(work);
-    let mut beat = tokio::time::interval_at(Instant::now() + every, every);
-    let mut cut_off = ctx.cut_off.subscribe();
-    let resolution = loop {
-        tokio::select! {
-            // A finished answer wins over a cut-off that arrives at the same time.
-            biased;
-            r = &mut work => break r,
-            _ = async { cut_off.wait_for(|c| *c).await.map(|_| ()) } => {
-                // Shutting down past the grace: free the key now rather than when the
-                // lease runs out. The upstream may still complete; its own record
-                // answers a retry.
-                tracing::warn!(scope = %req.scope, "shutdown grace over; ending the execution as retryable");
-                break Resolution::problem(
-                    Problem::new(
-                        ProblemType::UpstreamResultUnknown,
-                        "the gateway shut down before the upstream answered; retry with the same key",
-                    )
-                    .retry_after(Duration::from_secs(1)),
-                );
-            }
-            _ = beat.tick() => {
-                if let Err(e) = ctx.window.extend(&token, lease).await {
-                    tracing::warn!(scope = %req.scope, error = %e, "lease heartbeat failed");
-                }
-            }
-        }
-    };
-    let finished = match ctx.window.finish(&token, resolution.finish).await {
-        Err(e) if e.kind() == ErrorKind::InvalidInput => {
-            // Too large to keep: later duplicates go to the upstream with the key.
-            ctx.window
-                .finish(
-                    &token,
-                    Finish {
-                        state: RecordState::FailedRetryable,
-                        result: None,
-                    },
+    let _running = ctx.executions.start();
+    let ran = pipeline::under_lease(
+        &ctx.window,
+        &token,
+        ctx.config.lease(),
+        &ctx.executions,
+        forward(ctx, req),
+    )
+    .await;
+    let resolution = match ran {
+        Ran::Done(resolution) => resolution,
+        Ran::CutOff => {
+            // Shutting down past the grace: free the key now rather than when the
+            // lease runs out. The upstream may still complete; its own record answers
+            // a retry.
+            tracing::warn!(scope = %req.scope, "shutdown grace over; ending the execution as retryable");
+            Resolution::problem(
+                Problem::new(
+                    ProblemKind::UpstreamResultUnknown,
+                    "the gateway shut down before the upstream answered; retry with the same key",
                 )
-                .await
+                .retry_after(Duration::from_secs(1)),
+            )
         }
-        other => other,
     };
-    if let Err(e) = finished {
-        tracing::warn!(scope = %req.scope, error = %e, "finishing the window record failed; it frees when its lease ends");
+    // Too large to keep: later duplicates go to the upstream with the key. One attempt:
+    // a shared window that fails is degraded mode, and the caller should not wait on it.
+    let policy = FinishPolicy {
+        attempts: 1,
+        too_large: TooLarge::Forget,
+    };
+    match pipeline::finish(&ctx.window, &token, resolution.finish, policy).await {
+        Ok(_) => {}
+        Err(NotFinished::Lost) => {
+            tracing::warn!(scope = %req.scope, "the window record was taken over before it was finished")
+        }
+        Err(NotFinished::Failed(e)) => {
+            tracing::warn!(scope = %req.scope, error = %e, "finishing the window record failed; it frees when its lease ends")
+        }
     }
     if ctx.window.is_shared() {
         // Other instances may wait on this key; local duplicates get the outcome
         // directly, so this need not delay them.
         let ctx2 = ctx.clone();
         let scope = req.scope.clone();
-        tokio::spawn(async move { ctx2.window.publish(&scope).await });
+        tokio::spawn(async move {
+            idem_http::pipeline::Wakeups::publish(ctx2.window.wakeups(), &scope).await
+        });
     }
     resolution.outcome
 }
@@ -373,7 +284,7 @@ impl Resolution {
         let state = ctx
             .config
             .outcome_policy
-            .classify(Ending::Status(captured.status.as_u16()));
+            .classify(idem_core::Outcome::Status(captured.status.as_u16()));
         // "Who are you" answers are about the credential, not the intent: the key stays
         // free for the caller who can authenticate.
         let identity_answer = matches!(captured.status.as_u16(), 401 | 403 | 407 | 511);
@@ -465,7 +376,7 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
             Exchange::NotSent(e) => {
                 return Resolution::problem(
                     Problem::new(
-                        ProblemType::UpstreamUnavailable,
+                        ProblemKind::UpstreamUnavailable,
                         "the upstream could not be reached; the request was not sent",
                     )
                     .cause(e)
@@ -474,7 +385,7 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
             }
             Exchange::TooLarge => {
                 return Resolution::problem(Problem::new(
-                    ProblemType::UpstreamResponseTooLarge,
+                    ProblemKind::UpstreamResponseTooLarge,
                     format!(
                         "the upstream answered with more than {} bytes",
                         ctx.config.max_response_bytes
@@ -495,7 +406,7 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
         if resends_left == 0 {
             return Resolution::problem(
                 Problem::new(
-                    ProblemType::UpstreamResultUnknown,
+                    ProblemKind::UpstreamResultUnknown,
                     "the upstream's answer to this request is unknown; retry with the same key",
                 )
                 .cause(format!("{why}; {reason}; no re-send left"))
@@ -576,7 +487,7 @@ async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str) -> Settled {
                 tracing::warn!(scope = %req.scope, error = %e, "key state query failed; not re-sending");
                 return Settled::Answer(Box::new(Resolution::problem(
                     Problem::new(
-                        ProblemType::UpstreamResultUnknown,
+                        ProblemKind::UpstreamResultUnknown,
                         "the outcome is unknown and the key's state could not be read; retry with the same key",
                     )
                     .cause(format!("{why}; state query: {e}"))

@@ -71,11 +71,10 @@
 //!
 //! Modules: [`config`] (the JSON file), [`routes`], [`auth`], [`memory`] (the in-process
 //! window store), [`window`], [`wakeup`], [`upstream`] (client, state query), [`problem`],
-//! [`metrics`], [`stub`] (a business-service stand-in for tests and the bench),
-//! [`mod@bench`].
+//! [`metrics`]. The benchmark is in `idem-bench`; the business-service stand-in the
+//! tests and the bench run against is `idem-stub`.
 
 pub mod auth;
-pub mod bench;
 pub mod body;
 pub mod config;
 pub mod error;
@@ -89,7 +88,6 @@ mod pool;
 pub mod problem;
 pub mod routes;
 mod service;
-pub mod stub;
 pub mod upstream;
 pub mod wakeup;
 pub mod window;
@@ -109,7 +107,7 @@ pub use config::{ApiKeyEntry, AuthConfig, GatewayConfig, RouteConfig, StateQuery
 pub use error::GatewayError;
 pub use memory::{MemoryOptions, MemoryStore};
 pub use metrics::GatewayMetrics;
-pub use problem::{Problem, ProblemType};
+pub use problem::{Problem, ProblemKind};
 pub use routes::KeyRule;
 pub use service::GATEWAY_TOKEN;
 
@@ -216,7 +214,7 @@ async fn start_with(
             source,
         })?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, upstream = %ctx.config.upstream, window = ctx.window.backend(), instance = %ctx.instance, "idem gateway listening");
+    tracing::info!(%addr, upstream = %ctx.config.upstream, window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
     let metrics = ctx.metrics.clone();
     let handle = tokio::spawn(serve(listener, ctx, shutdown));
     Ok((addr, metrics, handle))
@@ -224,7 +222,7 @@ async fn start_with(
 
 /// Waits until no keyed execution is in flight, or `until`.
 async fn flights_ended(ctx: &service::Ctx, until: tokio::time::Instant) -> bool {
-    while ctx.flights.len() > 0 {
+    while !ctx.flights.is_empty() {
         if tokio::time::Instant::now() >= until {
             return false;
         }
@@ -269,7 +267,7 @@ async fn serve(
         );
         // Executions record their end and their callers get an answer; then the
         // connections close. Recording takes up to two window round trips.
-        ctx.cut_off.send_replace(true);
+        ctx.executions.cancel();
         let bound = CUT_OFF_GRACE.max(2 * ctx.config.redis_timeout());
         let until = tokio::time::Instant::now() + bound;
         if !flights_ended(&ctx, until).await {

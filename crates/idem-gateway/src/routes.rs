@@ -3,101 +3,11 @@
 //! Owns pattern syntax and matching. It must not look at headers or bodies.
 
 use http::Method;
-use serde::{Deserialize, Serialize};
 
 use crate::config::RouteConfig;
 use crate::error::GatewayError;
 
-/// What a route does with `Idempotency-Key`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KeyRule {
-    /// No key → 400; with a key the request is coalesced and windowed.
-    #[default]
-    Required,
-    /// With a key the request is coalesced; without one it streams through.
-    Optional,
-    /// Streams through untouched, key or not.
-    None,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Segment {
-    Literal(String),
-    /// `{name}`: exactly one non-empty segment.
-    Param,
-    /// A final `*`: any rest, including nothing.
-    Rest,
-}
-
-/// A compiled path pattern.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathPattern {
-    segments: Vec<Segment>,
-}
-
-impl PathPattern {
-    pub fn parse(pattern: &str) -> Result<Self, GatewayError> {
-        let bad = |why: &str| {
-            Err(GatewayError::Config(format!(
-                "path pattern {pattern:?}: {why}"
-            )))
-        };
-        let Some(rest) = pattern.strip_prefix('/') else {
-            return bad("must start with /");
-        };
-        let mut segments = Vec::new();
-        let parts: Vec<&str> = if rest.is_empty() {
-            Vec::new()
-        } else {
-            rest.split('/').collect()
-        };
-        for (i, part) in parts.iter().enumerate() {
-            if *part == "*" {
-                if i + 1 != parts.len() {
-                    return bad("* must be the last segment");
-                }
-                segments.push(Segment::Rest);
-            } else if part.starts_with('{') && part.ends_with('}') && part.len() > 2 {
-                segments.push(Segment::Param);
-            } else if part.contains(['{', '}', '*']) {
-                return bad("segments are literal, {name} or a final *");
-            } else {
-                segments.push(Segment::Literal((*part).to_string()));
-            }
-        }
-        Ok(Self { segments })
-    }
-
-    /// Whether `path` (without the query) matches. A trailing slash is a segment of its
-    /// own, as in most routers: `/a/` does not match `/a`.
-    pub fn matches(&self, path: &str) -> bool {
-        let Some(rest) = path.strip_prefix('/') else {
-            return false;
-        };
-        let mut parts = if rest.is_empty() {
-            None
-        } else {
-            Some(rest.split('/'))
-        }
-        .into_iter()
-        .flatten();
-        for seg in &self.segments {
-            match seg {
-                Segment::Rest => return true,
-                Segment::Literal(lit) => match parts.next() {
-                    Some(p) if p == lit => {}
-                    _ => return false,
-                },
-                Segment::Param => match parts.next() {
-                    Some(p) if !p.is_empty() => {}
-                    _ => return false,
-                },
-            }
-        }
-        parts.next().is_none()
-    }
-}
+pub use idem_core::wire::{KeyRule, PathPattern};
 
 #[derive(Debug, Clone)]
 struct Rule {
@@ -130,19 +40,19 @@ impl RouteTable {
             };
             rules.push(Rule {
                 methods,
-                path: PathPattern::parse(&r.path)?,
+                path: PathPattern::parse(&r.path).map_err(GatewayError::Config)?,
                 key: r.key,
             });
         }
         Ok(Self { rules })
     }
 
-    /// The rule for a request; `KeyRule::None` when no rule matches.
+    /// The rule for a request; `KeyRule::Ignored` when no rule matches.
     pub fn key_rule(&self, method: &Method, path: &str) -> KeyRule {
         self.rules
             .iter()
             .find(|r| (r.methods.is_empty() || r.methods.contains(method)) && r.path.matches(path))
-            .map_or(KeyRule::None, |r| r.key)
+            .map_or(KeyRule::Ignored, |r| r.key)
     }
 }
 
@@ -182,7 +92,7 @@ mod tests {
             RouteConfig {
                 methods: vec!["POST".into()],
                 path: "/v1/search".into(),
-                key: KeyRule::None,
+                key: KeyRule::Ignored,
             },
             RouteConfig {
                 methods: vec!["post".into(), "PATCH".into()],
@@ -196,14 +106,14 @@ mod tests {
             },
         ])
         .unwrap();
-        assert_eq!(t.key_rule(&Method::POST, "/v1/search"), KeyRule::None);
+        assert_eq!(t.key_rule(&Method::POST, "/v1/search"), KeyRule::Ignored);
         assert_eq!(t.key_rule(&Method::POST, "/v1/orders"), KeyRule::Required);
         assert_eq!(
             t.key_rule(&Method::PATCH, "/v1/orders/1"),
             KeyRule::Required
         );
-        assert_eq!(t.key_rule(&Method::GET, "/v1/orders"), KeyRule::None);
+        assert_eq!(t.key_rule(&Method::GET, "/v1/orders"), KeyRule::Ignored);
         assert_eq!(t.key_rule(&Method::DELETE, "/opt/1"), KeyRule::Optional);
-        assert_eq!(t.key_rule(&Method::POST, "/elsewhere"), KeyRule::None);
+        assert_eq!(t.key_rule(&Method::POST, "/elsewhere"), KeyRule::Ignored);
     }
 }

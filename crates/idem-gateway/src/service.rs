@@ -18,20 +18,23 @@ use http::{Method, Request, Response, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use idem_core::{OwnerId, RequestParts, Scope};
-use idem_http::headers::{read_key, KeyHeaderError, IDEMPOTENCY_KEY};
+use idem_core::{read_key, KeyHeaderError, KeyRule};
+use idem_core::{IdempotencyStore as _, OwnerId, RequestParts, Scope};
+use idem_http::headers::IDEMPOTENCY_KEY;
+use idem_http::pipeline::Executions;
 
-use crate::auth::{ApiKeys, Caller, Identity};
+use crate::auth::{ApiKeys, Caller};
 use crate::body::{empty, full, read_limited, Body, IdleTimeout, ReadError};
 use crate::config::GatewayConfig;
 use crate::error::GatewayError;
 use crate::forwarded::TrustedProxies;
 use crate::keyed::{self, Flights, KeyedRequest};
 use crate::metrics::GatewayMetrics;
-use crate::problem::{Problem, ProblemKind, ProblemType};
-use crate::routes::{KeyRule, RouteTable};
+use crate::problem::{Problem, ProblemKind};
+use crate::routes::RouteTable;
 use crate::upstream::{PassError, Upstream, UpstreamBase};
 use crate::window::Window;
+use idem_core::Identity;
 
 /// The shared secret header the gateway sends upstream (when configured).
 pub const GATEWAY_TOKEN: HeaderName = HeaderName::from_static("x-idem-gateway-token");
@@ -57,7 +60,7 @@ pub(crate) struct Ctx {
     pub auth: ApiKeys,
     pub upstream: Upstream,
     pub window: Window,
-    pub flights: Flights,
+    pub flights: Arc<Flights>,
     pub metrics: Arc<GatewayMetrics>,
     pub instance: String,
     owner_seq: AtomicU64,
@@ -71,8 +74,8 @@ pub(crate) struct Ctx {
     /// Request headers a state query repeats to authenticate as the caller.
     pub state_credentials: Vec<HeaderName>,
     proxies: TrustedProxies,
-    /// Set once the shutdown grace has run out: executions still running end now.
-    pub cut_off: tokio::sync::watch::Sender<bool>,
+    /// Executions under a claim; cut off once the shutdown grace has run out.
+    pub executions: Arc<Executions>,
 }
 
 impl Ctx {
@@ -115,7 +118,7 @@ impl Ctx {
             auth,
             per_caller,
             proxies: TrustedProxies::new(&config.trusted_proxies),
-            cut_off: tokio::sync::watch::channel(false).0,
+            executions: Arc::default(),
             tenant_header: header(&config.tenant_header)?,
             principal_header: header(&config.principal_header)?,
             token: config
@@ -128,7 +131,7 @@ impl Ctx {
                 .map_err(|_| GatewayError::Config("bad state_query.method".into()))?,
             upstream,
             window,
-            flights: Flights::default(),
+            flights: Arc::default(),
             metrics,
             instance,
             owner_seq: AtomicU64::new(0),
@@ -150,7 +153,7 @@ impl Ctx {
         if let Some(cause) = &p.cause {
             tracing::warn!(request_id = id.as_deref().unwrap_or("-"), problem = p.kind.slug(), %cause, "answered with a problem");
         }
-        p.to_response_for(id.as_deref())
+        crate::problem::to_response(&p, id.as_deref())
     }
 
     /// A request header a client's `Connection` must not name: removing it would
@@ -303,7 +306,7 @@ async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<B
 async fn route_request(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
     if let Some(name) = ctx.connection_conflict(req.headers()) {
         return ctx.problem(Problem::new(
-            ProblemType::ConnectionNamesEndToEnd,
+            ProblemKind::ConnectionNamesEndToEnd,
             format!("the Connection header names {name}, which the gateway must forward"),
         ));
     }
@@ -327,7 +330,7 @@ async fn route_request(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Re
     let keyed = match ctx.routes.key_rule(req.method(), path) {
         KeyRule::Required => true,
         KeyRule::Optional => req.headers().contains_key(IDEMPOTENCY_KEY),
-        KeyRule::None => false,
+        KeyRule::Ignored => false,
     };
     if keyed {
         ctx.metrics.request("keyed");
@@ -374,7 +377,7 @@ fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
             r
         }
         _ => ctx.problem(Problem::new(
-            ProblemType::NotFound,
+            ProblemKind::NotFound,
             "no such gateway endpoint",
         )),
     }
@@ -394,28 +397,28 @@ async fn passthrough(
     let body = if body.is_end_stream() {
         empty()
     } else {
-        IdleTimeout::new(body, ctx.config.body_read_timeout()).boxed()
+        IdleTimeout::new(body, ctx.config.body_read_timeout()).boxed_unsync()
     };
     ctx.metrics.upstream_call("passthrough");
     match ctx.upstream.pass(Request::from_parts(parts, body)).await {
         Ok(resp) => resp,
         Err(PassError::NotSent(e)) => ctx.problem(
             Problem::new(
-                ProblemType::UpstreamUnavailable,
+                ProblemKind::UpstreamUnavailable,
                 "the upstream could not be reached; the request was not sent",
             )
             .cause(e)
             .retry_after(std::time::Duration::from_secs(1)),
         ),
         Err(PassError::Timeout) => ctx.problem(Problem::new(
-            ProblemType::UpstreamTimeout,
+            ProblemKind::UpstreamTimeout,
             format!(
                 "no response head within {} ms",
                 ctx.config.upstream_timeout_ms
             ),
         )),
         Err(PassError::ClientStalled) => ctx.problem(Problem::new(
-            ProblemType::RequestTimeout,
+            ProblemKind::RequestTimeout,
             format!(
                 "the request body paused for more than {} ms",
                 ctx.config.body_read_timeout_ms
@@ -423,7 +426,7 @@ async fn passthrough(
         )),
         Err(PassError::Failed(e)) => ctx.problem(
             Problem::new(
-                ProblemType::UpstreamUnavailable,
+                ProblemKind::UpstreamUnavailable,
                 "the upstream exchange failed",
             )
             .cause(e),
@@ -474,7 +477,7 @@ async fn keyed_entry(
         Err(ReadError::TooLarge { .. }) => return too_large(),
         Err(ReadError::TimedOut) => {
             return ctx.problem(Problem::new(
-                ProblemType::RequestTimeout,
+                ProblemKind::RequestTimeout,
                 format!(
                     "the request body did not arrive within {} ms",
                     ctx.config.body_read_timeout_ms

@@ -226,7 +226,7 @@ impl Upstream {
                 let (mut parts, incoming) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 let body = PooledBody::new(incoming, sender, self.pool.clone());
-                Ok(Response::from_parts(parts, body.boxed()))
+                Ok(Response::from_parts(parts, body.boxed_unsync()))
             }
         }
     }

@@ -307,3 +307,21 @@ async fn dispatch(
         }
     }
 }
+/// The pipeline's view: a waiter on another instance's execution of a key.
+#[async_trait::async_trait]
+impl idem_http::pipeline::Wakeups for Wakeups {
+    async fn subscribe(&self, scope: &Scope) -> Box<dyn idem_http::pipeline::Waiter> {
+        Box::new(Wakeups::subscribe(self, scope).await)
+    }
+
+    async fn publish(&self, scope: &Scope) {
+        Wakeups::publish(self, scope).await
+    }
+}
+
+#[async_trait::async_trait]
+impl idem_http::pipeline::Waiter for Subscription {
+    async fn woken(&mut self) {
+        self.changed().await
+    }
+}

@@ -25,7 +25,7 @@ use crate::error::GatewayError;
 use crate::lazy::Lazy;
 use crate::memory::{MemoryOptions, MemoryStore};
 use crate::metrics::GatewayMetrics;
-use crate::wakeup::{Subscription, Wakeups};
+use crate::wakeup::Wakeups;
 
 /// Header and reference slack on top of the stored body limit.
 const RESULT_OVERHEAD: usize = 64 * 1024;
@@ -106,10 +106,6 @@ impl Window {
         self.shared
     }
 
-    pub fn backend(&self) -> &'static str {
-        self.store.backend()
-    }
-
     /// Whether the in-memory window refuses new keys right now (never for Redis).
     pub fn is_full(&self) -> bool {
         self.memory.as_ref().is_some_and(MemoryStore::is_full)
@@ -134,30 +130,50 @@ impl Window {
         }
     }
 
-    pub async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+    /// Wake-ups for waiters on another instance's execution (none without Redis:
+    /// in-process duplicates share the flight).
+    pub fn wakeups(&self) -> &Wakeups {
+        &self.wakeups
+    }
+}
+
+/// The window as the pipeline's store: every call reports reachability.
+#[async_trait]
+impl IdempotencyStore for Window {
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let res = self.store.claim(req).await;
         self.note(&res);
         res
     }
 
-    pub async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
         let res = self.store.finish(token, finish).await;
         self.note(&res);
         res
     }
 
-    pub async fn extend(&self, token: &ClaimToken, lease: Duration) -> Result<Millis, StoreError> {
+    async fn extend_lease(
+        &self,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
         let res = self.store.extend_lease(token, lease).await;
         self.note(&res);
         res
     }
 
-    pub async fn subscribe(&self, scope: &Scope) -> Subscription {
-        self.wakeups.subscribe(scope).await
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let res = self.store.get(scope).await;
+        self.note(&res);
+        res
     }
 
-    pub async fn publish(&self, scope: &Scope) {
-        self.wakeups.publish(scope).await
+    async fn unique_guard(&self) -> Result<bool, StoreError> {
+        self.store.unique_guard().await
     }
 }
 

@@ -7,22 +7,10 @@
 use async_trait::async_trait;
 use http::header::{HeaderValue, AUTHORIZATION};
 use http::request::Parts;
-use idem_core::{Principal, TenantId};
-use sha2::{Digest, Sha256};
-
 /// The authenticated caller. The layer also puts it into the request's extensions, so
 /// handlers can read it with `Extension<Identity>`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Identity {
-    pub tenant: TenantId,
-    pub principal: Principal,
-}
-
-impl Identity {
-    pub fn new(tenant: TenantId, principal: Principal) -> Self {
-        Self { tenant, principal }
-    }
-}
+pub use idem_core::Identity;
+use sha2::{Digest, Sha256};
 
 /// Authentication refused: the layer answers 401 and records nothing.
 #[derive(Debug, Clone, Default)]
@@ -181,6 +169,7 @@ impl Authenticate for BearerTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::{Principal, TenantId};
 
     fn parts(auth: Option<&str>) -> Parts {
         let mut b = http::Request::builder().header("x-tenant", "t2");

@@ -9,18 +9,8 @@ use std::time::Duration;
 
 use http::header::{HeaderName, CONTENT_TYPE, ETAG, LOCATION};
 use http::Method;
-use idem_core::{Fingerprinter, OutcomePolicy};
-
-/// Whether a route needs `Idempotency-Key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyRequirement {
-    /// Missing key → 400.
-    Required,
-    /// With a key the request is idempotent; without one it passes straight through.
-    Optional,
-    /// The layer does nothing on this route (reads, health checks).
-    Ignored,
-}
+pub use idem_core::KeyRule;
+use idem_core::{wire::PathPattern, Fingerprinter, OutcomePolicy};
 
 /// What a request gets when the first request with its key is still processing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,21 +42,26 @@ pub enum StoreUnavailableMode {
     FailOpen,
 }
 
-/// A per-route (and optionally per-method) override. `route` is the matched route
-/// template as axum reports it (`/v1/orders/{id}`), or the path when there is none.
+/// A per-route (and optionally per-method) override. `route` is a pattern matched
+/// against the request's concrete path: literal segments, `{name}` for one segment, a
+/// final `*` or `{*name}` for any rest — so a router's template (`/v1/orders/{id}`)
+/// applies to every order. A route that is not a valid pattern matches only itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteRule {
     pub route: String,
+    pattern: Option<PathPattern>,
     pub method: Option<Method>,
-    pub key: Option<KeyRequirement>,
+    pub key: Option<KeyRule>,
     pub in_progress: Option<InProgressMode>,
     pub on_store_unavailable: Option<StoreUnavailableMode>,
 }
 
 impl RouteRule {
     pub fn new(route: impl Into<String>) -> Self {
+        let route = route.into();
         Self {
-            route: route.into(),
+            pattern: PathPattern::parse(&route).ok(),
+            route,
             method: None,
             key: None,
             in_progress: None,
@@ -79,7 +74,7 @@ impl RouteRule {
         self
     }
 
-    pub fn key(mut self, key: KeyRequirement) -> Self {
+    pub fn key(mut self, key: KeyRule) -> Self {
         self.key = Some(key);
         self
     }
@@ -94,15 +89,19 @@ impl RouteRule {
         self
     }
 
-    fn matches(&self, method: &Method, route: &str) -> bool {
-        self.route == route && self.method.as_ref().is_none_or(|m| m == method)
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        self.method.as_ref().is_none_or(|m| m == method)
+            && match &self.pattern {
+                Some(pattern) => pattern.matches(path),
+                None => self.route == path,
+            }
     }
 }
 
 /// The rules in force for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResolvedRules {
-    pub key: KeyRequirement,
+    pub key: KeyRule,
     pub in_progress: InProgressMode,
     pub on_store_unavailable: StoreUnavailableMode,
 }
@@ -221,13 +220,14 @@ impl IdempotencyConfig {
         self
     }
 
-    /// The rules for one request.
-    pub fn resolve(&self, method: &Method, route: &str) -> ResolvedRules {
+    /// The rules for one request to `path` (the concrete path, without the query).
+    pub fn resolve(&self, method: &Method, path: &str) -> ResolvedRules {
+        let route = path;
         let mut resolved = ResolvedRules {
             key: if self.required_methods.contains(method) {
-                KeyRequirement::Required
+                KeyRule::Required
             } else {
-                KeyRequirement::Ignored
+                KeyRule::Ignored
             },
             in_progress: self.in_progress,
             on_store_unavailable: self.on_store_unavailable,
@@ -266,12 +266,12 @@ mod tests {
             max_wait: Duration::from_secs(2),
         };
         let c = IdempotencyConfig::default()
-            .route(RouteRule::new("/search").key(KeyRequirement::Ignored))
+            .route(RouteRule::new("/search").key(KeyRule::Ignored))
             .route(RouteRule::new("/orders").in_progress(wait))
             .route(
                 RouteRule::new("/orders")
                     .method(Method::PUT)
-                    .key(KeyRequirement::Optional),
+                    .key(KeyRule::Optional),
             )
             .route(RouteRule::new("/likes").on_store_unavailable(StoreUnavailableMode::FailOpen));
         let check = |m: Method, r: &str, key, ip, su| {
@@ -282,7 +282,7 @@ mod tests {
                 "{m} {r}"
             );
         };
-        use KeyRequirement::*;
+        use KeyRule::*;
         let reject = InProgressMode::default();
         let closed = StoreUnavailableMode::FailClosed;
         check(Method::POST, "/x", Required, reject, closed);

@@ -15,28 +15,24 @@
 
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use http::request::Parts;
-use http::Request;
+use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use idem_core::{ClaimToken, Finish, Record, RecordState, StoreError};
-use tokio::sync::{watch, Notify};
-use tokio::time::{Instant, MissedTickBehavior};
+use idem_core::{ClaimToken, Finish, Record, RecordState};
 use tower::Service;
 use tracing::Instrument;
 
-use crate::headers::{IDEMPOTENCY_EXPIRES, IDEMPOTENT_BODY_OMITTED};
-use crate::layer::{BoxError, Shared};
+use crate::body::{full, Body, BoxError};
+use crate::headers::IDEMPOTENCY_EXPIRES;
+use crate::layer::Shared;
 use crate::metrics::{Decision, ExecutionOutcome, FinishedBy};
-use crate::problem::{Problem, ProblemKind};
+use crate::pipeline::{self, FinishPolicy, NotFinished, Ran, Running, TooLarge};
+use crate::problem::{Problem, ProblemKind, ProblemResponse};
 use crate::transactional::TransactionalClaim;
 
 /// How the handler's run ended.
@@ -56,77 +52,6 @@ enum Failure {
     CutOff,
 }
 
-/// The executions running under a claim in this layer, so a shutdown can cut them off
-/// and wait until their records are written.
-#[derive(Debug)]
-pub(crate) struct Executions {
-    cancelled: watch::Sender<bool>,
-    running: AtomicUsize,
-    idle: Notify,
-}
-
-impl Default for Executions {
-    fn default() -> Self {
-        Self {
-            cancelled: watch::channel(false).0,
-            running: AtomicUsize::new(0),
-            idle: Notify::new(),
-        }
-    }
-}
-
-/// One running execution; dropping it counts it out.
-struct Running(Arc<Executions>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
-impl Executions {
-    fn start(self: &Arc<Self>) -> Running {
-        self.running.fetch_add(1, Ordering::AcqRel);
-        Running(self.clone())
-    }
-
-    pub(crate) fn running(&self) -> usize {
-        self.running.load(Ordering::Acquire)
-    }
-
-    /// Cuts off every running execution, and every one that starts from now on.
-    pub(crate) fn cancel(&self) {
-        self.cancelled.send_replace(true);
-    }
-
-    fn is_cancelled(&self) -> bool {
-        *self.cancelled.borrow()
-    }
-
-    /// Resolves once cancelled.
-    fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut rx = self.cancelled.subscribe();
-        async move {
-            let _ = rx.wait_for(|c| *c).await;
-        }
-    }
-
-    /// Resolves when no execution is running.
-    pub(crate) async fn idle(&self) {
-        loop {
-            let notified = self.idle.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
-            if self.running() == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
 enum CapturedBody<B> {
     Whole(Bytes),
     /// Larger than the capture limit: the bytes read so far and the rest, still unread.
@@ -137,24 +62,25 @@ enum CapturedBody<B> {
 }
 
 /// Executes the handler for a claim that proceeded.
-pub(crate) async fn execute<S, B>(
+pub(crate) async fn execute<S, ReqB, B>(
     shared: Arc<Shared>,
     inner: S,
     mut parts: Parts,
     body: Bytes,
     token: ClaimToken,
-) -> Response
+) -> Response<Body>
 where
-    S: Service<Request<Body>, Response = http::Response<B>> + Send + 'static,
+    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
+    ReqB: From<Bytes> + Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     shared.metrics.decision(Decision::Executed);
     let claim = TransactionalClaim::new(token.clone(), shared.capture.clone());
     parts.extensions.insert(claim.clone());
-    let request = Request::from_parts(parts, Body::from(body));
+    let request = Request::from_parts(parts, ReqB::from(body));
     // Counted from here, so a shutdown waits for this record even if the client left.
     let running = shared.executions.start();
     let task = tokio::spawn(
@@ -179,55 +105,50 @@ where
                 tracing::error!(scope = %token.scope, error = %e, "could not release the claim");
                 shared.metrics.finish_error();
             }
-            shared.signals.finished(&token.scope);
+            shared.wakeups.wake(&token.scope);
             Problem::new(
                 ProblemKind::ExecutionFailed,
                 "the request failed; retry with the same key",
             )
-            .into_response()
+            .response()
         }
     }
 }
 
-async fn run_under_claim<S, B>(
+async fn run_under_claim<S, ReqB, B>(
     shared: Arc<Shared>,
     inner: S,
-    request: Request<Body>,
+    request: Request<ReqB>,
     token: ClaimToken,
     claim: TransactionalClaim,
     _running: Running,
-) -> Response
+) -> Response<Body>
 where
-    S: Service<Request<Body>, Response = http::Response<B>> + Send + 'static,
+    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let config = &shared.config;
-    let ended = if shared.executions.is_cancelled() {
-        // Claimed after the cut-off: do not start the handler at all.
-        Ended::Failed(Failure::CutOff)
-    } else {
-        let work = std::pin::pin!(run_handler(inner, request, shared.capture.max_stored_body));
-        let mut work = work;
-        let timeout = tokio::time::sleep(config.execution_timeout);
-        let mut timeout = std::pin::pin!(timeout);
-        let period = (config.lease / 3).max(Duration::from_millis(10));
-        let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
-        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut cut_off = std::pin::pin!(shared.executions.cancelled());
-        loop {
-            tokio::select! {
-                biased;
-                ended = &mut work => break ended,
-                _ = &mut timeout => break Ended::Failed(Failure::TimedOut),
-                _ = &mut cut_off => break Ended::Failed(Failure::CutOff),
-                _ = heartbeat.tick() => renew_lease(&shared, &token).await,
-            }
-        }
-        // Leaving this block drops the handler's future: a timed-out or cut-off handler
-        // is cancelled, and an open transaction of its rolls back.
+    let work = tokio::time::timeout(
+        config.execution_timeout,
+        run_handler(inner, request, shared.capture.max_stored_body),
+    );
+    // Leaving the run drops the handler's future: a timed-out or cut-off handler is
+    // cancelled, and an open transaction of its rolls back.
+    let ended = match pipeline::under_lease(
+        shared.store.as_ref(),
+        &token,
+        config.lease,
+        &shared.executions,
+        work,
+    )
+    .await
+    {
+        Ran::Done(Ok(ended)) => ended,
+        Ran::Done(Err(_elapsed)) => Ended::Failed(Failure::TimedOut),
+        Ran::CutOff => Ended::Failed(Failure::CutOff),
     };
 
     let capture = &shared.capture;
@@ -236,7 +157,7 @@ where
             let status = parts.status;
             let state = capture.classify(status);
             let (stored_body, body) = match captured {
-                CapturedBody::Whole(bytes) => (Some(bytes.clone()), Body::from(bytes)),
+                CapturedBody::Whole(bytes) => (Some(bytes.clone()), full(bytes)),
                 CapturedBody::Oversized { prefix, rest } => (None, prefixed_body(prefix, rest)),
             };
             // A retryable outcome is not replayed, so its response is not kept.
@@ -295,7 +216,7 @@ where
                 state: RecordState::FailedRetryable,
                 result: None,
             };
-            (Problem::new(kind, detail).into_response(), finish, outcome)
+            (Problem::new(kind, detail).response(), finish, outcome)
         }
     };
 
@@ -319,7 +240,7 @@ where
         }
     };
     // Written before waking: a waiter either sees the record or is woken.
-    shared.signals.finished(&token.scope);
+    shared.wakeups.wake(&token.scope);
 
     if let Some(record) = finished.filter(|r| r.state.is_terminal()) {
         if let Some(completed_at) = record.completed_at {
@@ -333,9 +254,9 @@ where
 
 /// Calls the handler and reads its response body, catching panics at every step that
 /// runs handler code.
-async fn run_handler<S, B>(mut inner: S, request: Request<Body>, max_body: usize) -> Ended<B>
+async fn run_handler<S, ReqB, B>(mut inner: S, request: Request<ReqB>, max_body: usize) -> Ended<B>
 where
-    S: Service<Request<Body>, Response = http::Response<B>>,
+    S: Service<Request<ReqB>, Response = Response<B>>,
     S::Error: Into<BoxError>,
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -404,7 +325,7 @@ where
 {
     let head = futures::stream::once(async move { Ok::<_, BoxError>(Frame::data(prefix)) });
     let tail = TryStreamExt::map_err(BodyStream::new(rest), Into::into);
-    Body::new(StreamBody::new(head.chain(tail)))
+    crate::body::boxed(StreamBody::new(head.chain(tail)))
 }
 
 fn outcome_of(state: RecordState) -> ExecutionOutcome {
@@ -415,76 +336,28 @@ fn outcome_of(state: RecordState) -> ExecutionOutcome {
     }
 }
 
-async fn renew_lease(shared: &Shared, token: &ClaimToken) {
-    match shared.store.extend_lease(token, shared.config.lease).await {
-        Ok(_) => {}
-        // Finished meanwhile (in the handler's transaction) or taken over: the finish
-        // will tell which.
-        Err(e) if e.is_superseded() => {
-            tracing::debug!(scope = %token.scope, "lease renewal found the claim moved on")
-        }
-        Err(e) => tracing::warn!(scope = %token.scope, error = %e, "lease renewal failed"),
-    }
-}
-
-/// Finishes the record, retrying a store outage briefly: the action has run, so giving
-/// up early would leave the key PROCESSING until its lease expires.
+/// Finishes the record through the pipeline, counting what did not work.
 async fn finish_claim(
     shared: &Shared,
     token: &ClaimToken,
-    mut finish: Finish,
+    finish: Finish,
 ) -> Option<(Record, FinishedBy)> {
-    const ATTEMPTS: u32 = 6;
-    let mut delay = Duration::from_millis(25);
-    for attempt in 1..=ATTEMPTS {
-        let error = match shared.store.finish(token, finish.clone()).await {
-            Ok(record) => return Some((record, FinishedBy::Layer)),
-            Err(e) => e,
-        };
-        match error {
-            StoreError::Superseded { .. } => {
-                // The handler may have finished in its own transaction without saying
-                // so; otherwise another request took the claim over.
-                match shared.store.get(&token.scope).await {
-                    Ok(Some(record))
-                        if record.owner.as_ref() == Some(&token.owner)
-                            && record.state != RecordState::Processing =>
-                    {
-                        return Some((record, FinishedBy::Handler));
-                    }
-                    _ => {
-                        tracing::warn!(scope = %token.scope, "claim lost before it was finished");
-                        shared.metrics.finish_error();
-                        return None;
-                    }
-                }
-            }
-            StoreError::ResultTooLarge { size, limit } => {
-                // The store keeps less than the layer captured: keep status and headers.
-                tracing::warn!(scope = %token.scope, size, limit, "stored response body omitted");
-                match finish.result.as_mut() {
-                    Some(result) if !result.body.is_empty() => {
-                        result.body.clear();
-                        result.headers.push((
-                            IDEMPOTENT_BODY_OMITTED.as_str().to_owned(),
-                            "true".to_owned(),
-                        ));
-                    }
-                    _ => finish.result = None,
-                }
-            }
-            e if e.is_unavailable() && attempt < ATTEMPTS => {
-                tracing::warn!(scope = %token.scope, error = %e, attempt, "finish failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            e => {
-                tracing::error!(scope = %token.scope, error = %e, "could not finish the claim");
-                shared.metrics.finish_error();
-                return None;
-            }
+    let policy = FinishPolicy {
+        attempts: 6,
+        too_large: TooLarge::OmitBody,
+    };
+    match pipeline::finish(shared.store.as_ref(), token, finish, policy).await {
+        Ok((record, pipeline::FinishedBy::Pipeline)) => Some((record, FinishedBy::Layer)),
+        Ok((record, pipeline::FinishedBy::Handler)) => Some((record, FinishedBy::Handler)),
+        Err(NotFinished::Lost) => {
+            tracing::warn!(scope = %token.scope, "claim lost before it was finished");
+            shared.metrics.finish_error();
+            None
+        }
+        Err(NotFinished::Failed(e)) => {
+            tracing::error!(scope = %token.scope, error = %e, "could not finish the claim");
+            shared.metrics.finish_error();
+            None
         }
     }
-    shared.metrics.finish_error();
-    None
 }

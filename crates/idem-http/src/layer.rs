@@ -1,9 +1,11 @@
 //! The tower plumbing: [`IdempotencyLayer`], the [`IdempotencyService`] it wraps around
-//! an axum router or route, and the service's [`ResponseFuture`].
+//! any `http` service (an axum router or route, a hyper service, a tower stack), and the
+//! service's pin-projected [`ResponseFuture`].
 //!
-//! Owns construction and the state every request shares (store, authentication,
-//! configuration, metrics, in-process wake-ups, owner ids). It must not decide anything
-//! about a request itself: that is [`crate::claim`] and [`crate::execute`].
+//! Owns construction, the state every request shares (store, authentication,
+//! configuration, metrics, in-process wake-ups, owner ids) and the first question —
+//! does this request need a claim at all. It must not decide anything else about a
+//! request: that is [`crate::claim`] and [`crate::execute`].
 
 use std::fmt;
 use std::future::Future;
@@ -12,25 +14,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
-use axum::response::Response;
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use http::Request;
-use idem_core::{ArchiveLookup, IdempotencyStore, OwnerId};
+use http::{Request, Response};
+use idem_core::{ArchiveLookup, IdempotencyStore, KeyRule, OwnerId};
+use tokio::task::JoinHandle;
 use tower::{Layer, Service};
+use tracing::Instrument;
 
 use crate::auth::Authenticate;
-use crate::completion::CompletionSignals;
+use crate::body::{boxed, Body, BoxError};
 use crate::config::IdempotencyConfig;
-use crate::execute::Executions;
+use crate::headers::IDEMPOTENCY_KEY;
 use crate::metrics::IdempotencyMetrics;
+use crate::pipeline::{Executions, LocalWakeups};
+use crate::problem::{Problem, ProblemKind, ProblemResponse};
 use crate::replay::Capture;
 use crate::retention::ReconstructResponse;
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Makes every configured route of an axum app idempotent. See the crate docs.
+/// Makes every configured route of an HTTP service idempotent. See the crate docs.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     shared: Arc<Shared>,
@@ -44,7 +45,7 @@ pub(crate) struct Shared {
     pub config: IdempotencyConfig,
     pub capture: Arc<Capture>,
     pub metrics: IdempotencyMetrics,
-    pub signals: Arc<CompletionSignals>,
+    pub wakeups: LocalWakeups,
     pub owners: Arc<OwnerIds>,
     /// Rebuilds responses the retention sweeper dropped.
     pub reconstruct: Option<Arc<dyn ReconstructResponse>>,
@@ -92,7 +93,7 @@ impl IdempotencyLayer {
                 capture: capture_of(&config),
                 config,
                 metrics: IdempotencyMetrics::default(),
-                signals: Arc::default(),
+                wakeups: LocalWakeups::default(),
                 owners: Arc::new(OwnerIds::new()),
                 reconstruct: None,
                 archive: None,
@@ -205,51 +206,112 @@ impl<S> fmt::Debug for IdempotencyService<S> {
     }
 }
 
-impl<S, B> Service<Request<Body>> for IdempotencyService<S>
+impl<S, ReqB, ResB> Service<Request<ReqB>> for IdempotencyService<S>
 where
-    S: Service<Request<Body>, Response = http::Response<B>> + Clone + Send + 'static,
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError>,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
 {
-    type Response = Response;
+    type Response = Response<Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Error>;
+    type Future = ResponseFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        // The ready service goes into the future; a fresh clone stays for the next call.
+    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        let path = crate::claim::target(&request).path();
+        let rules = self.shared.config.resolve(request.method(), path);
+        let keyed = match rules.key {
+            KeyRule::Ignored => false,
+            KeyRule::Optional => request.headers().contains_key(IDEMPOTENCY_KEY),
+            KeyRule::Required => true,
+        };
+        if !keyed {
+            return ResponseFuture {
+                kind: Kind::Pass {
+                    future: self.inner.call(request),
+                },
+            };
+        }
+        // The ready service goes into the task; a fresh clone stays for the next call.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
+        // A task of its own from here: a client that hangs up cannot cancel a claim
+        // half-written or strand a record PROCESSING for its whole lease.
+        let task = tokio::spawn(
+            crate::claim::serve(shared, inner, request, rules).instrument(tracing::Span::current()),
+        );
         ResponseFuture {
-            inner: Box::pin(async move { Ok(crate::claim::serve(shared, inner, request).await) }),
+            kind: Kind::Keyed { task },
         }
     }
 }
 
-/// Response future of [`IdempotencyService`]. Dropping it (the client went away) does
-/// not stop an execution that already claimed its key: that runs in its own task.
-///
-/// It never resolves to an error: failures of the inner service after the request was
-/// accepted become problem responses.
-pub struct ResponseFuture<E> {
-    inner: BoxFuture<'static, Result<Response, E>>,
-}
-
-impl<E> Future for ResponseFuture<E> {
-    type Output = Result<Response, E>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+pin_project_lite::pin_project! {
+    /// Response future of [`IdempotencyService`]: the inner service's own future for
+    /// requests without a claim, the keyed task's handle otherwise. Dropping it (the
+    /// client went away) does not stop a keyed request: its task runs to the end.
+    ///
+    /// It never resolves to an error: failures of the inner service become problem
+    /// responses.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        kind: Kind<F>,
     }
 }
 
-impl<E> fmt::Debug for ResponseFuture<E> {
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<F> {
+        Pass { #[pin] future: F },
+        Keyed { task: JoinHandle<Response<Body>> },
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<Body>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Pass { future } => match std::task::ready!(future.poll(cx)) {
+                Ok(response) => Poll::Ready(Ok(response.map(boxed))),
+                Err(e) => Poll::Ready(Ok(inner_failed(e.into()))),
+            },
+            KindProj::Keyed { task } => match std::task::ready!(Pin::new(task).poll(cx)) {
+                Ok(response) => Poll::Ready(Ok(response)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the keyed request's task failed");
+                    Poll::Ready(Ok(Problem::new(
+                        ProblemKind::ExecutionFailed,
+                        "the request failed",
+                    )
+                    .response()))
+                }
+            },
+        }
+    }
+}
+
+/// The answer when the inner service returns an error instead of a response.
+pub(crate) fn inner_failed(e: BoxError) -> Response<Body> {
+    tracing::error!(error = %e, "the inner service failed");
+    Problem::new(ProblemKind::ExecutionFailed, "the request failed").response()
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }

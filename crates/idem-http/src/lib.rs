@@ -17,29 +17,59 @@
 //! the configured retention). Errors are `application/problem+json` with a stable `type`
 //! per case ([`ProblemKind`]).
 //!
-//! ```no_run
-//! use axum::{routing::post, Router};
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//!
+//! use axum::{body::{to_bytes, Body}, http::Request, routing::post, Router};
 //! use idem_core::{Principal, TenantId};
 //! use idem_http::{BearerTokens, Identity, IdempotencyLayer};
 //! use idem_sqlite::SqliteStore;
+//! use tower::ServiceExt;
 //!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = SqliteStore::open_path("./idem-data/idem.db").await?;
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open_path(dir.path().join("idem.db")).await?;
 //! let auth = BearerTokens::new().with(
 //!     "secret-token",
 //!     Identity::new(TenantId::new("t1")?, Principal::new("alice")?),
 //! );
+//! let runs = Arc::new(AtomicUsize::new(0));
+//! let counter = runs.clone();
+//! let create = move || async move {
+//!     let n = counter.fetch_add(1, Ordering::SeqCst);
+//!     format!("order #{n}")
+//! };
 //! let app = Router::new()
-//!     .route("/v1/orders", post(|| async { "created" }))
+//!     .route("/v1/orders", post(create))
 //!     .layer(IdempotencyLayer::new(store, auth));
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! axum::serve(listener, app).await?;
+//!
+//! // One intent sent twice: same key, same body.
+//! let request = || {
+//!     Request::post("/v1/orders")
+//!         .header("authorization", "Bearer secret-token")
+//!         .header("idempotency-key", "order-42")
+//!         .header("content-type", "application/json")
+//!         .body(Body::from(r#"{"item":"book"}"#))
+//! };
+//! let first = app.clone().oneshot(request()?).await?;
+//! let second = app.oneshot(request()?).await?;
+//!
+//! assert_eq!(second.headers()["idempotent-replayed"], "true");
+//! let limit = 1 << 20;
+//! let first = to_bytes(first.into_body(), limit).await?;
+//! assert_eq!(to_bytes(second.into_body(), limit).await?, first);
+//! assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
 //! # Ok(()) }
 //! ```
 //!
-//! Both `Router::layer` and `Router::route_layer` run the layer after routing, so the
-//! fingerprint uses the matched route template (`/v1/orders/{id}`). `route_layer` leaves
-//! unmatched paths alone (plain 404); `layer` also guards the fallback.
+//! The fingerprint covers the concrete path the client sent (`/v1/orders/42`, a nested
+//! router's prefix included), never the route template, so a key cannot be reused for
+//! another resource. Route rules ([`config::RouteRule`]) are patterns
+//! (`/v1/orders/{id}`) matched against that concrete path. Both `Router::layer` and
+//! `Router::route_layer` work: `route_layer` leaves unmatched paths alone (plain 404);
+//! `layer` also guards the fallback.
 //!
 //! Response headers: `Idempotent-Replayed: true` on replays; `Idempotency-Expires`
 //! (HTTP-date) on terminal results; `Idempotent-Body-Omitted: true` on replays of bodies
@@ -53,18 +83,19 @@
 //!
 //! Modules: [`config`] (what applies where), [`auth`], [`problem`], [`headers`],
 //! [`metrics`], [`openapi`], [`transactional`] (the handler finishes the claim in its own
-//! transaction), [`mod@bench`]. The requester side is the `idem-client` crate.
+//! transaction). The requester side is the `idem-client` crate; the benchmark is in
+//! `idem-bench`.
 
 pub mod auth;
-pub mod bench;
+pub mod body;
 mod claim;
-mod completion;
 pub mod config;
 mod execute;
 pub mod headers;
 mod layer;
 pub mod metrics;
 pub mod openapi;
+pub mod pipeline;
 pub mod problem;
 mod replay;
 pub mod retention;
@@ -73,8 +104,7 @@ pub mod transactional;
 
 pub use auth::{Authenticate, BearerTokens, Identity, TokenConflict, Unauthenticated};
 pub use config::{
-    IdempotencyConfig, InProgressMode, KeyRequirement, ResolvedRules, RouteRule,
-    StoreUnavailableMode,
+    IdempotencyConfig, InProgressMode, KeyRule, ResolvedRules, RouteRule, StoreUnavailableMode,
 };
 pub use headers::{
     IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_RECONSTRUCTED,
@@ -82,6 +112,6 @@ pub use headers::{
 };
 pub use layer::{IdempotencyLayer, IdempotencyService, ResponseFuture};
 pub use metrics::IdempotencyMetrics;
-pub use problem::{Problem, ProblemKind, PROBLEM_JSON, PROBLEM_TYPE_BASE};
+pub use problem::{Problem, ProblemKind, ProblemResponse, PROBLEM_JSON, PROBLEM_TYPE_BASE};
 pub use retention::{ReconstructResponse, Reconstructed};
 pub use transactional::TransactionalClaim;

@@ -9,7 +9,7 @@
 use http::Method;
 use serde_json::{json, Map, Value};
 
-use crate::config::{IdempotencyConfig, KeyRequirement};
+use crate::config::{IdempotencyConfig, KeyRule};
 use crate::problem::{ProblemKind, PROBLEM_JSON};
 
 /// Names under `#/components/responses` and the statuses they describe.
@@ -177,9 +177,9 @@ pub fn merge_into(spec: &mut Value, config: &IdempotencyConfig) {
                 continue;
             };
             let required = match config.resolve(&method, route).key {
-                KeyRequirement::Ignored => continue,
-                KeyRequirement::Required => true,
-                KeyRequirement::Optional => false,
+                KeyRule::Ignored => continue,
+                KeyRule::Required => true,
+                KeyRule::Optional => false,
             };
             if let Some(operation) = operation.as_object_mut() {
                 decorate(operation, required);
@@ -264,8 +264,8 @@ mod tests {
             },
             "components": {"schemas": {"Problem": {"description": "the app's own"}}}
         });
-        let config = IdempotencyConfig::default()
-            .route(RouteRule::new("/v1/search").key(KeyRequirement::Optional));
+        let config =
+            IdempotencyConfig::default().route(RouteRule::new("/v1/search").key(KeyRule::Optional));
         merge_into(&mut spec, &config);
         let post = &spec["paths"]["/v1/orders"]["post"];
         assert_eq!(
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn every_problem_status_is_described() {
         let c = components();
-        for kind in ProblemKind::ALL {
+        for kind in ProblemKind::LAYER {
             let described = RESPONSES.iter().any(|(_, status, kinds)| {
                 *status == kind.status().as_u16() && kinds.contains(&kind)
             });

@@ -6,13 +6,11 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::Response;
-use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, LOCATION};
-use http::StatusCode;
+use http::{Response, StatusCode};
 use idem_core::{Millis, Outcome, OutcomePolicy, Record, RecordState, StoredResult};
 
+use crate::body::{full, Body};
 use crate::headers::{
     http_date, IDEMPOTENCY_EXPIRES, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_REPLAYED,
 };
@@ -74,9 +72,9 @@ impl Capture {
     }
 
     /// The response a terminal record replays, or `None` when it has no stored result.
-    pub fn replay(&self, record: &Record) -> Option<Response> {
+    pub fn replay(&self, record: &Record) -> Option<Response<Body>> {
         let result = record.result.as_ref()?;
-        let mut response = Response::new(Body::from(Bytes::from(result.body.clone())));
+        let mut response = Response::new(full(result.body.clone()));
         *response.status_mut() =
             StatusCode::from_u16(result.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let headers = response.headers_mut();

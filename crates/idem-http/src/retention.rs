@@ -22,18 +22,17 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use axum::body::Body;
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
-use http::StatusCode;
+use http::{Response, StatusCode};
 use idem_core::retention::{dropped_response, ArchiveLookup, ArchivedRecord};
 use idem_core::{ClaimToken, Finish, Record, RecordState, StoredResult, TenantId};
 
+use crate::body::{full, Body};
 use crate::headers::{IDEMPOTENT_RECONSTRUCTED, IDEMPOTENT_REPLAYED};
 use crate::layer::Shared;
 use crate::metrics::Decision;
-use crate::problem::{Problem, ProblemKind, PROBLEM_JSON};
+use crate::problem::{Problem, ProblemKind, ProblemResponse, PROBLEM_JSON};
 
 /// A response rebuilt from a result reference. The status is the stored one.
 #[derive(Debug, Clone, Default)]
@@ -61,7 +60,7 @@ pub(crate) fn is_dropped(record: &Record) -> bool {
 }
 
 /// The replay of a record whose response was dropped.
-pub(crate) async fn replay_dropped(shared: &Shared, record: &Record) -> Response {
+pub(crate) async fn replay_dropped(shared: &Shared, record: &Record) -> Response<Body> {
     let result = record.result.as_ref();
     let status = result.map_or(200, |r| r.status);
     let Some(result_ref) = result.and_then(|r| r.result_ref.as_deref()) else {
@@ -73,7 +72,7 @@ pub(crate) async fn replay_dropped(shared: &Shared, record: &Record) -> Response
                 record.state
             ),
         )
-        .into_response();
+        .response();
     };
     let rebuilt = match &shared.reconstruct {
         Some(r) => r.reconstruct(&record.tenant, result_ref, record).await,
@@ -81,7 +80,7 @@ pub(crate) async fn replay_dropped(shared: &Shared, record: &Record) -> Response
     };
     match rebuilt {
         Ok(Some(rebuilt)) => {
-            let mut response = Response::new(Body::from(rebuilt.body));
+            let mut response = Response::new(full(rebuilt.body));
             *response.status_mut() =
                 StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             *response.headers_mut() = rebuilt.headers;
@@ -99,7 +98,7 @@ pub(crate) async fn replay_dropped(shared: &Shared, record: &Record) -> Response
                 record.state
             ),
         )
-        .into_response(),
+        .response(),
         Err(e) => {
             tracing::error!(scope = %record.tenant, error = %e, result_ref, "reconstruction failed");
             Problem::new(
@@ -110,7 +109,7 @@ pub(crate) async fn replay_dropped(shared: &Shared, record: &Record) -> Response
                     record.state
                 ),
             )
-            .into_response()
+            .response()
         }
     }
 }
@@ -122,7 +121,7 @@ pub(crate) async fn check_archive(
     shared: &Shared,
     archive: &Arc<dyn ArchiveLookup>,
     token: &ClaimToken,
-) -> Option<Response> {
+) -> Option<Response<Body>> {
     let found = match archive
         .archived(&token.scope.tenant, &token.scope.key)
         .await
@@ -136,7 +135,7 @@ pub(crate) async fn check_archive(
                 tracing::error!(scope = %token.scope, error = %e, "could not release the claim");
                 shared.metrics.finish_error();
             }
-            shared.signals.finished(&token.scope);
+            shared.wakeups.wake(&token.scope);
             shared.metrics.decision(if e.is_unavailable() {
                 Decision::Unavailable
             } else {
@@ -154,7 +153,7 @@ pub(crate) async fn check_archive(
                     "the request was not executed; the archive lookup answered with an error",
                 )
             };
-            return Some(problem.into_response());
+            return Some(problem.response());
         }
     };
     shared.metrics.decision(Decision::KeyExpired);
@@ -174,8 +173,8 @@ pub(crate) async fn check_archive(
         tracing::error!(scope = %token.scope, error = %e, "could not record the expired key");
         shared.metrics.finish_error();
     }
-    shared.signals.finished(&token.scope);
-    Some(problem.into_response())
+    shared.wakeups.wake(&token.scope);
+    Some(problem.response())
 }
 
 fn expired_problem(found: &ArchivedRecord) -> Problem {

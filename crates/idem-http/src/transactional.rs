@@ -8,22 +8,75 @@
 //! record again. A handler that ignores the claim changes nothing: the layer finishes
 //! the record from the response as usual.
 //!
-//! ```ignore
+//! ```
+//! use axum::extract::State;
+//! use axum::http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, StatusCode};
+//! use axum::response::IntoResponse;
+//! use axum::Extension;
+//! use idem_http::TransactionalClaim;
+//! use idem_sqlite::SqliteStore;
+//! # use axum::{body::Body, http::Request, routing::post, Router};
+//! # use idem_core::{Principal, TenantId};
+//! # use idem_http::{BearerTokens, IdempotencyLayer, Identity};
+//! # use tower::ServiceExt;
+//! # struct AppError;
+//! # impl<E: std::error::Error> From<E> for AppError {
+//! #     fn from(_: E) -> Self { AppError }
+//! # }
+//! # impl IntoResponse for AppError {
+//! #     fn into_response(self) -> axum::response::Response {
+//! #         StatusCode::INTERNAL_SERVER_ERROR.into_response()
+//! #     }
+//! # }
+//!
 //! async fn create_order(
 //!     State(store): State<SqliteStore>,
 //!     Extension(claim): Extension<TransactionalClaim>,
-//!     Json(req): Json<NewOrder>,
 //! ) -> Result<impl IntoResponse, AppError> {
-//!     let body = serde_json::to_vec(&Order::new(&req))?;
-//!     let headers = HeaderMap::from_iter([(CONTENT_TYPE, "application/json".parse()?)]);
 //!     let mut tx = store.begin().await?;
-//!     sqlx::query("INSERT INTO orders ...").execute(&mut *tx).await?;
+//!     let inserted = sqlx::query("INSERT INTO orders (item) VALUES ('book')")
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     let body = format!(r#"{{"order":{}}}"#, inserted.last_insert_rowid()).into_bytes();
+//!     let json = HeaderValue::from_static("application/json");
+//!     let headers = HeaderMap::from_iter([(CONTENT_TYPE, json)]);
 //!     let finish = claim.finish_for(StatusCode::CREATED, &headers, &body);
 //!     let record = store.finish_in_tx(&mut tx, claim.token(), finish).await?;
 //!     tx.commit().await?;
+//!     // Only after the commit: had it failed, the layer finishes the record itself.
 //!     claim.finished_in_transaction(record);
 //!     Ok((StatusCode::CREATED, headers, body))
 //! }
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let store = SqliteStore::open_path(dir.path().join("idem.db")).await?;
+//! # sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)")
+//! #     .execute(store.pool())
+//! #     .await?;
+//! # let alice = Identity::new(TenantId::new("t1")?, Principal::new("alice")?);
+//! # let auth = BearerTokens::new().with("secret-token", alice);
+//! let app = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .with_state(store.clone())
+//!     .layer(IdempotencyLayer::new(store.clone(), auth));
+//! # let request = || {
+//! #     Request::post("/orders")
+//! #         .header("authorization", "Bearer secret-token")
+//! #         .header("idempotency-key", "order-1")
+//! #         .body(Body::empty())
+//! # };
+//! # let first = app.clone().oneshot(request()?).await?;
+//! # assert_eq!(first.status(), StatusCode::CREATED);
+//! # let second = app.oneshot(request()?).await?;
+//! # assert_eq!(second.headers()["idempotent-replayed"], "true");
+//! // Sent twice: one order row, committed with the record that replays it.
+//! let orders: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders")
+//!     .fetch_one(store.pool())
+//!     .await?;
+//! assert_eq!(orders, 1);
+//! # Ok(()) }
 //! ```
 //!
 //! This module owns the handle only; it must not start or commit transactions.

@@ -10,7 +10,7 @@ use common::*;
 use idem_core::RecordState;
 use idem_http::metrics::{Conflict, Decision, ExecutionOutcome, FinishedBy};
 use idem_http::{
-    IdempotencyConfig, InProgressMode, KeyRequirement, ProblemKind, RouteRule, StoreUnavailableMode,
+    IdempotencyConfig, InProgressMode, KeyRule, ProblemKind, RouteRule, StoreUnavailableMode,
 };
 use serde_json::json;
 
@@ -603,8 +603,8 @@ async fn responses_larger_than_the_capture_limit_reach_the_first_caller_in_full(
 async fn optional_and_ignored_routes() {
     let dir = tempfile::tempdir().unwrap();
     let config = IdempotencyConfig::default()
-        .route(RouteRule::new("/v1/search").key(KeyRequirement::Ignored))
-        .route(RouteRule::new("/v1/likes").key(KeyRequirement::Optional));
+        .route(RouteRule::new("/v1/search").key(KeyRule::Ignored))
+        .route(RouteRule::new("/v1/likes").key(KeyRule::Optional));
     let server = start(sqlite(dir.path()).await, config).await;
     let client = reqwest::Client::new();
     let body = json!({});

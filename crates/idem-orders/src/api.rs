@@ -36,10 +36,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Router};
-use bytes::BytesMut;
-use futures::StreamExt;
 use idem_core::{IdempotencyKey, IdempotencyStore, RecordState, Scope, StoreError, TenantId};
-use idem_http::problem::{Problem, ProblemKind};
+use idem_http::body::{declared_too_large, read_limited, ReadError};
+use idem_http::problem::{Problem, ProblemKind, ProblemResponse};
 use idem_http::{Authenticate, IdempotencyLayer, Identity, TransactionalClaim, PROBLEM_JSON};
 use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
@@ -284,32 +283,17 @@ impl From<Error> for ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct ProblemBody<'a> {
-    #[serde(rename = "type")]
-    type_uri: String,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
-}
-
 impl ApiError {
     fn body(&self) -> Vec<u8> {
-        let mut value = serde_json::to_value(ProblemBody {
-            type_uri: format!("{PROBLEM_TYPE_BASE}{}", self.slug),
+        let type_uri = format!("{PROBLEM_TYPE_BASE}{}", self.slug);
+        let document = idem_core::problem::Document {
+            type_uri: &type_uri,
             title: self.title,
-            status: self.status.as_u16(),
+            status: self.status,
             detail: &self.detail,
-        })
-        .unwrap_or_default();
-        if let (Some(obj), Some(serde_json::Value::Object(extra))) =
-            (value.as_object_mut(), self.extra.as_ref())
-        {
-            for (k, v) in extra {
-                obj.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
-        serde_json::to_vec(&value).unwrap_or_default()
+            request_id: None,
+        };
+        document.to_json(self.extra.as_ref().and_then(serde_json::Value::as_object))
     }
 }
 
@@ -368,6 +352,7 @@ impl FromRequestParts<AppState> for Caller {
             Ok(identity) => Ok(Caller(identity)),
             Err(refused) => Err(Problem::new(ProblemKind::Unauthenticated, refused.detail)
                 .challenge(refused.challenge)
+                .response()
                 .into_response()),
         }
     }
@@ -1029,11 +1014,6 @@ async fn with_request_id(response: Response, id: &str) -> Response {
     Response::from_parts(parts, Body::from(body))
 }
 
-enum BodyRead {
-    TooLarge,
-    Broken(axum::Error),
-}
-
 /// Reads the whole request body, at most `max_body` bytes and within the body read
 /// timeout, before any route sees it: a client that stalls gets 408 and its connection
 /// closed, having recorded nothing.
@@ -1056,45 +1036,30 @@ async fn read_body_in_time(
         } else {
             return Problem::new(ProblemKind::Unauthenticated, refused.detail)
                 .challenge(refused.challenge)
+                .response()
                 .into_response();
         }
     }
     let limit = state.max_body;
-    let declared = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
+    if declared_too_large(&parts.headers, limit) {
         return too_large(limit);
     }
-    let read = async {
-        let mut stream = body.into_data_stream();
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(BodyRead::Broken)?;
-            if buf.len() + chunk.len() > limit {
-                return Err(BodyRead::TooLarge);
-            }
-            buf.extend_from_slice(&chunk);
-        }
-        Ok(buf.freeze())
-    };
-    match tokio::time::timeout(state.body_read_timeout, read).await {
-        Ok(Ok(bytes)) => {
+    match read_limited(body, limit, state.body_read_timeout).await {
+        Ok(bytes) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Ok(Err(BodyRead::TooLarge)) => too_large(limit),
-        Ok(Err(BodyRead::Broken(e))) => {
+        Err(ReadError::TooLarge { .. }) => too_large(limit),
+        Err(ReadError::Broken(e)) => {
             tracing::warn!(error = %e, "reading the request body failed");
             Problem::new(
                 ProblemKind::UnreadableBody,
                 "the request body could not be read; nothing was recorded",
             )
+            .response()
             .into_response()
         }
-        Err(_) => {
+        Err(ReadError::TimedOut) => {
             let mut response = ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "request-timeout",
@@ -1121,5 +1086,6 @@ fn too_large(limit: usize) -> Response {
         ProblemKind::RequestTooLarge,
         format!("the body is larger than {limit} bytes; nothing was recorded"),
     )
+    .response()
     .into_response()
 }

@@ -17,14 +17,13 @@
 //!   Consumers reuse the business key (`ticket:{order}`), never mint one.
 //! - **Freeze switches** ([`freeze`]) for a user, a show or everything: frozen work waits
 //!   and resumes on unfreeze.
-//! - **`idem demo incident`** ([`demo`]): the incident, replayed with and without idem.
+//! - **`idem demo incident`** replays the incident with and without idem against this
+//!   service over HTTP; its driver is `idem_bench::demo`, outside the library.
 //!
 //! # Entry points for the CLI
 //! - `idem serve` → [`serve`]`(`[`ServeConfig`]`, shutdown)`; [`bind`] for tests.
 //! - `idem freeze` / `idem unfreeze` → [`freeze::freeze`] / [`freeze::unfreeze`] on a
 //!   database URL (the admin API does the same through `POST /v1/admin/freezes`).
-//! - `idem demo incident` → [`demo_incident`]`(`[`DemoOptions`]`)` → [`DemoReport`]
-//!   (`serde` for `--json`, [`DemoReport::render_text`] otherwise).
 //!
 //! # Invariants
 //! - A business write and the idempotency record it answers commit together or not at
@@ -38,7 +37,6 @@ pub mod api;
 pub mod chain;
 pub mod compensation;
 pub mod db;
-pub mod demo;
 mod error;
 pub mod freeze;
 pub mod ledgers;
@@ -53,7 +51,6 @@ pub mod views;
 
 pub use chain::{Chain, ChainHandle, ChainOptions, NatsOptions, TransportConfig};
 pub use db::{Database, DatabaseOptions, DEFAULT_URL};
-pub use demo::{demo_incident, ArmReport, Arrival, DemoOptions, DemoReport};
 pub use error::{Error, OrderError};
 pub use freeze::{Freeze, FreezeChange, FreezeRequest, FreezeScope, FreezeWhat};
 pub use machine::{IllegalTransition, OrderEvent, OrderStatus};

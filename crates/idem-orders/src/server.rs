@@ -28,7 +28,7 @@ use hyper_util::service::TowerToHyperService;
 use idem_core::{OutcomePolicy, Principal, TenantId};
 use idem_http::{
     BearerTokens, IdempotencyConfig, IdempotencyLayer, IdempotencyMetrics, Identity,
-    InProgressMode, KeyRequirement, RouteRule,
+    InProgressMode, KeyRule, RouteRule,
 };
 use idem_lease::LeaseMetrics;
 use prometheus_client::registry::Registry;
@@ -326,7 +326,7 @@ pub fn idempotency_config(in_progress_wait: Duration) -> IdempotencyConfig {
             retryable_client_errors: vec![408, 429],
             server_errors_terminal: false,
         })
-        .route(RouteRule::new(LEGACY_ROUTE).key(KeyRequirement::Ignored))
+        .route(RouteRule::new(LEGACY_ROUTE).key(KeyRule::Ignored))
 }
 
 fn random_secret(prefix: &str) -> String {

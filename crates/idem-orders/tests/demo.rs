@@ -6,10 +6,9 @@
 mod common;
 
 use common::Env;
+use idem_bench::demo::{demo_incident, DemoOptions, DemoReport};
 use idem_orders::ledgers::OrderFilter;
-use idem_orders::{
-    demo_incident, Database, DatabaseOptions, DemoOptions, DemoReport, Orders, OrdersOptions,
-};
+use idem_orders::{Database, DatabaseOptions, Orders, OrdersOptions};
 
 on_both_stores!(incident_kept_in_the_database);
 

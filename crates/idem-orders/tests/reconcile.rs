@@ -9,12 +9,13 @@ mod common;
 use std::time::Duration;
 
 use common::{Env, T1};
+use idem_bench::demo::{demo_incident, DemoOptions};
 use idem_orders::ledgers::OrderFilter;
 use idem_orders::reconcile::{self, ActionKind, ActionState, ReconcileOptions, ReconcileReport};
 use idem_orders::service::consumers;
 use idem_orders::{
-    demo_incident, Database, DatabaseOptions, DemoOptions, FreezeRequest, FreezeScope, FreezeWhat,
-    Handled, Orders, OrdersOptions,
+    Database, DatabaseOptions, FreezeRequest, FreezeScope, FreezeWhat, Handled, Orders,
+    OrdersOptions,
 };
 use serde_json::json;
 

@@ -75,24 +75,22 @@
 //! It must not invent lease rules: `idem_core::lease` states them, and
 //! `idem-conformance::lease` checks them.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::lease::{check_reason, check_ttl, fence_accepts, holder_detail};
+use idem_core::row::{holds, FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot};
 use idem_core::{
-    Acquire, ClockShift, Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind,
-    LeaseName, LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
+    Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,
+    LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
 };
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgExecutor, Row};
+use sqlx::{PgConnection, PgExecutor, Postgres, Row};
 
 use crate::error::map_err;
 use crate::PgStore;
 
-/// The future a fenced write's closure returns; it borrows the transaction's connection.
-pub type FencedWriteFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
+pub use idem_core::row::FencedWriteFuture;
 
 /// The database clock in epoch milliseconds (`clock_timestamp()`: the time of reading,
 /// not of the transaction start).
@@ -243,17 +241,6 @@ fn lerr(what: &'static str) -> impl Fn(sqlx::Error) -> LeaseError {
     move |e| map_err(what, e).into()
 }
 
-fn bad_row(what: &str, e: impl std::fmt::Display) -> LeaseError {
-    LeaseError::Backend(format!("corrupt lease column {what}: {e}"))
-}
-
-/// What one read sees: store time, the lease row (live or expired), the last token.
-struct Snapshot {
-    now: Millis,
-    lease: Option<Lease>,
-    last_token: Option<FencingToken>,
-}
-
 /// The lease row, the token counter and the store time in one statement (one snapshot),
 /// without locks.
 async fn snapshot(
@@ -261,7 +248,7 @@ async fn snapshot(
     clock: &ClockShift,
     t: &Tables,
     name: &LeaseName,
-) -> Result<Snapshot, LeaseError> {
+) -> Result<LeaseSnapshot, LeaseError> {
     let row = sqlx::query(&format!(
         "SELECT {CLOCK} + $2 AS now_ms, l.name IS NOT NULL AND l.ended_at IS NULL AS found, \
            l.owner, l.token, l.acquired_at, l.expires_at, l.renewals, \
@@ -278,25 +265,26 @@ async fn snapshot(
     .await
     .map_err(lerr("lease read"))?;
     let found: bool = row.try_get("found").map_err(lerr("lease read"))?;
-    let last: i64 = row.try_get("last_token").map_err(lerr("lease read"))?;
-    Ok(Snapshot {
-        now: row.try_get("now_ms").map_err(lerr("lease read"))?,
-        lease: found.then(|| lease_from_row(name, &row)).transpose()?,
-        last_token: (last > 0).then_some(FencingToken::new(last)),
-    })
+    LeaseSnapshot::decode(
+        name,
+        row.try_get("now_ms").map_err(lerr("lease read"))?,
+        found.then(|| lease_row(&row)).transpose()?,
+        row.try_get("last_token").map_err(lerr("lease read"))?,
+    )
 }
 
 fn lease_from_row(name: &LeaseName, row: &PgRow) -> Result<Lease, LeaseError> {
+    lease_row(row)?.decode(name)
+}
+
+fn lease_row(row: &PgRow) -> Result<LeaseRow, LeaseError> {
     let e = lerr("lease decode");
-    let owner: String = row.try_get("owner").map_err(&e)?;
-    let renewals: i32 = row.try_get("renewals").map_err(&e)?;
-    Ok(Lease {
-        name: name.clone(),
-        owner: OwnerId::new(owner).map_err(|e| bad_row("owner", e))?,
-        token: FencingToken::new(row.try_get("token").map_err(&e)?),
+    Ok(LeaseRow {
+        owner: row.try_get("owner").map_err(&e)?,
+        token: row.try_get("token").map_err(&e)?,
         acquired_at: row.try_get("acquired_at").map_err(&e)?,
         expires_at: row.try_get("expires_at").map_err(&e)?,
-        renewals: u32::try_from(renewals).map_err(|e| bad_row("renewals", e))?,
+        renewals: row.try_get::<i32, _>("renewals").map_err(&e)?.into(),
     })
 }
 
@@ -620,10 +608,6 @@ async fn settle_expired(
     }
 }
 
-fn holds(lease: &Lease, owner: &OwnerId, token: FencingToken, now: Millis) -> bool {
-    lease.owner == *owner && lease.token == token && lease.is_live(now)
-}
-
 fn lease_ms(ttl: Duration) -> i64 {
     // check_ttl bounds it to 24 h, far inside i64.
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
@@ -634,12 +618,12 @@ impl PgStore {
         Tables::of(self.schema.as_deref())
     }
 
-    async fn begin_lease(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, LeaseError> {
+    async fn begin_lease(&self) -> Result<sqlx::Transaction<'static, Postgres>, LeaseError> {
         self.pool.begin().await.map_err(lerr("lease begin"))
     }
 
     /// Takes the fence of `resource` on `conn`: accepted (and remembered) when
-    /// `lease.token` passes [`fence_accepts`]; otherwise `Err((last accepted, now))`
+    /// `lease.token` passes [`fence_accepts`]; otherwise `Some((last accepted, now))`
     /// and nothing written. Either way the fence row stays locked until `conn`'s
     /// transaction ends, so writes under one resource are serialized in token order.
     async fn take_fence(
@@ -648,12 +632,8 @@ impl PgStore {
         t: &Tables,
         resource: &str,
         lease: &Lease,
-    ) -> Result<Result<(), (FencingToken, Millis)>, LeaseError> {
-        if resource.is_empty() {
-            return Err(LeaseError::InvalidInput(
-                "fenced resource name is empty".into(),
-            ));
-        }
+    ) -> Result<Option<(FencingToken, Millis)>, LeaseError> {
+        idem_core::row::check_resource(resource)?;
         // DO UPDATE … WHERE locks the conflicting row even when the WHERE is false.
         let accepted: Option<i64> = sqlx::query_scalar(&format!(
             "INSERT INTO {fences} AS f (resource, last_token, lease_name, owner, updated_at) \
@@ -674,7 +654,7 @@ impl PgStore {
         .await
         .map_err(lerr("fence"))?;
         if accepted.is_some() {
-            return Ok(Ok(()));
+            return Ok(None);
         }
         // Under the row lock: the value that refused us, and the time of the refusal.
         let row = sqlx::query(&format!(
@@ -689,42 +669,7 @@ impl PgStore {
         let last = FencingToken::new(row.try_get(0).map_err(lerr("fence"))?);
         let now: Millis = row.try_get(1).map_err(lerr("fence"))?;
         debug_assert!(!fence_accepts(Some(last), lease.token));
-        Ok(Err((last, now)))
-    }
-
-    /// Records a refused write in its own commit (the caller's transaction may be gone,
-    /// the evidence must not be) and builds the error.
-    async fn fence_refused(
-        &self,
-        t: &Tables,
-        resource: &str,
-        lease: &Lease,
-        last: FencingToken,
-        now: Millis,
-    ) -> LeaseError {
-        let event = LeaseEvent::of_caller(
-            LeaseEventKind::FencedWriteRejected,
-            now,
-            &lease.name,
-            &lease.owner,
-            lease.token,
-        )
-        .with_detail(format!("resource {resource} accepted token {last}"));
-        if let Err(e) = record(&self.pool, t, &event).await {
-            // The write is refused either way; the caller still learns why.
-            tracing::error!(error = %e, lease = %lease.name, resource, "fenced-write evidence not recorded");
-        }
-        tracing::warn!(
-            lease = %lease.name, owner = %lease.owner, token = %lease.token,
-            resource, last_accepted = %last, "fenced write rejected"
-        );
-        LeaseError::from(Fenced {
-            resource: resource.to_owned(),
-            name: lease.name.clone(),
-            owner: lease.owner.clone(),
-            token: lease.token,
-            last_accepted: last,
-        })
+        Ok(Some((last, now)))
     }
 
     /// Runs `write` in a transaction only if `lease.token` passes the fence of
@@ -765,25 +710,7 @@ impl PgStore {
         E: From<LeaseError>,
         F: for<'c> FnOnce(&'c mut PgConnection) -> FencedWriteFuture<'c, T, E>,
     {
-        if resource.is_empty() {
-            return Err(LeaseError::InvalidInput("fenced resource name is empty".into()).into());
-        }
-        let t = self.lease_tables();
-        let mut tx = self.begin_lease().await?;
-        match self.take_fence(&mut tx, &t, resource, lease).await? {
-            Ok(()) => {
-                let out = write(&mut tx).await?;
-                tx.commit().await.map_err(lerr("fenced write commit"))?;
-                Ok(out)
-            }
-            Err((last, now)) => {
-                tx.rollback().await.map_err(lerr("fenced write rollback"))?;
-                Err(self
-                    .fence_refused(&t, resource, lease, last, now)
-                    .await
-                    .into())
-            }
-        }
+        idem_core::row::fenced_write(&Fence(self), resource, lease, write).await
     }
 
     /// The fence inside the caller's transaction (`conn` is typically `&mut *tx`), for a
@@ -800,9 +727,59 @@ impl PgStore {
     ) -> Result<(), LeaseError> {
         let t = self.lease_tables();
         match self.take_fence(conn, &t, resource, lease).await? {
-            Ok(()) => Ok(()),
-            Err((last, now)) => Err(self.fence_refused(&t, resource, lease, last, now).await),
+            None => Ok(()),
+            Some((last, now)) => {
+                let refusal = FenceRefusal::new(resource, lease, last, now);
+                Fence(self).refused(&refusal).await;
+                Err(refusal.fenced.into())
+            }
         }
+    }
+}
+
+/// This store's steps of [`idem_core::row::fenced_write`].
+struct Fence<'s>(&'s PgStore);
+
+impl FenceSteps for Fence<'_> {
+    type Tx = sqlx::Transaction<'static, Postgres>;
+    type Conn = PgConnection;
+
+    async fn begin(&self) -> Result<Self::Tx, LeaseError> {
+        self.0.begin_lease().await
+    }
+
+    async fn take<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        resource: &'a str,
+        lease: &'a Lease,
+    ) -> Result<Option<(FencingToken, Millis)>, LeaseError> {
+        let t = self.0.lease_tables();
+        self.0.take_fence(tx, &t, resource, lease).await
+    }
+
+    fn conn(tx: &mut Self::Tx) -> &mut PgConnection {
+        tx
+    }
+
+    async fn commit(tx: Self::Tx) -> Result<(), LeaseError> {
+        tx.commit().await.map_err(lerr("fenced write commit"))
+    }
+
+    async fn rollback(tx: Self::Tx) -> Result<(), LeaseError> {
+        tx.rollback().await.map_err(lerr("fenced write rollback"))
+    }
+
+    async fn refused<'a>(&'a self, refusal: &'a FenceRefusal) {
+        let t = self.0.lease_tables();
+        let f = &refusal.fenced;
+        if let Err(e) = record(&self.0.pool, &t, &refusal.event).await {
+            tracing::error!(error = %e, lease = %f.name, resource = %f.resource, "fenced-write evidence not recorded");
+        }
+        tracing::warn!(
+            lease = %f.name, owner = %f.owner, token = %f.token,
+            resource = %f.resource, last_accepted = %f.last_accepted, "fenced write rejected"
+        );
     }
 }
 
@@ -1129,22 +1106,16 @@ impl LeaseStore for PgStore {
         let e = lerr("lease events");
         rows.iter()
             .map(|row| {
-                let kind: String = row.try_get("kind").map_err(&e)?;
-                let owner: Option<String> = row.try_get("owner").map_err(&e)?;
-                let token: Option<i64> = row.try_get("token").map_err(&e)?;
-                Ok(LeaseEvent {
-                    name: name.clone(),
-                    kind: kind.parse().map_err(|e| bad_row("kind", e))?,
+                LeaseEventRow {
+                    kind: row.try_get("kind").map_err(&e)?,
                     at: row.try_get("at").map_err(&e)?,
-                    owner: owner
-                        .map(OwnerId::new)
-                        .transpose()
-                        .map_err(|e| bad_row("owner", e))?,
-                    token: token.map(FencingToken::new),
+                    owner: row.try_get("owner").map_err(&e)?,
+                    token: row.try_get("token").map_err(&e)?,
                     acquired_at: row.try_get("acquired_at").map_err(&e)?,
                     expires_at: row.try_get("expires_at").map_err(&e)?,
                     detail: row.try_get("detail").map_err(&e)?,
-                })
+                }
+                .decode(name)
             })
             .collect()
     }

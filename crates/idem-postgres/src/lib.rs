@@ -48,7 +48,7 @@ use idem_core::{
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
-pub use error::is_unavailable;
+pub use error::{is_unavailable, map_err};
 pub use lease::*;
 
 /// How many times one claim re-runs its deciding statement after an empty answer (the
@@ -483,7 +483,7 @@ impl PgStore {
     ) -> Result<Record, StoreError> {
         self.limits.check_finish(&finish)?;
         let result = finish.result.as_ref();
-        let headers = result.map(|r| row::headers_json(&r.headers));
+        let headers = result.map(|r| idem_core::row::headers_json(&r.headers));
         let row = sqlx::query(&self.sql.finish)
             .bind(token.scope.tenant.as_str())
             .bind(token.scope.key.as_str())

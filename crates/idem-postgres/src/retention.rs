@@ -23,7 +23,8 @@ use idem_core::retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, Demotion, DueRecord, RetentionStore, ScanCursor,
     StaleRecord, Tier, TierUsage,
 };
-use idem_core::{Fingerprint, IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
+use idem_core::row::ArchiveRow;
+use idem_core::{IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
@@ -89,10 +90,6 @@ fn err(what: &str) -> impl Fn(sqlx::Error) -> StoreError + '_ {
     move |e| map_err(what, e)
 }
 
-fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("corrupt retention row: {what}: {e}"))
-}
-
 /// Months whose partition this process has seen exist (schema-qualified name).
 fn known_partitions() -> &'static Mutex<HashSet<String>> {
     static KNOWN: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
@@ -152,42 +149,29 @@ impl PgStore {
     }
 }
 
+/// Reads an archive row's columns; `idem_core::row` validates them.
 fn archived_from_row(row: &PgRow) -> Result<ArchivedRecord, StoreError> {
     let g = err("decode");
-    let tenant: String = row.try_get("tenant_id").map_err(&g)?;
-    let kd: Vec<u8> = row.try_get("key_digest").map_err(&g)?;
-    let fp: Vec<u8> = row.try_get("fingerprint").map_err(&g)?;
-    let rd: Option<Vec<u8>> = row.try_get("result_digest").map_err(&g)?;
-    let state: String = row.try_get("state").map_err(&g)?;
-    let status: Option<i32> = row.try_get("status").map_err(&g)?;
-    Ok(ArchivedRecord {
-        tenant: TenantId::new(tenant).map_err(|e| corrupt("tenant_id", e))?,
-        key_digest: kd
-            .try_into()
-            .map_err(|_| corrupt("key_digest", "not 16 bytes"))?,
-        fingerprint: Fingerprint::from_bytes(
-            fp.try_into()
-                .map_err(|_| corrupt("fingerprint", "not 32 bytes"))?,
-        ),
-        result_digest: rd
-            .map(|d| d.try_into())
-            .transpose()
-            .map_err(|_| corrupt("result_digest", "not 16 bytes"))?,
+    ArchiveRow {
+        tenant_id: row.try_get("tenant_id").map_err(&g)?,
+        key_digest: row.try_get("key_digest").map_err(&g)?,
+        fingerprint: row.try_get("fingerprint").map_err(&g)?,
+        result_digest: row.try_get("result_digest").map_err(&g)?,
         result_ref: row.try_get("result_ref").map_err(&g)?,
-        state: state.parse().map_err(|e| corrupt("state", e))?,
-        status: status
-            .map(u16::try_from)
-            .transpose()
-            .map_err(|e| corrupt("status", e))?,
+        state: row.try_get("state").map_err(&g)?,
+        status: row
+            .try_get::<Option<i32>, _>("status")
+            .map_err(&g)?
+            .map(i64::from),
         first_processed_at: row.try_get("first_processed_at").map_err(&g)?,
         completed_at: row.try_get("completed_at").map_err(&g)?,
         archived_at: row.try_get("archived_at").map_err(&g)?,
-    })
+    }
+    .decode()
 }
 
 fn tier_of_row(row: &PgRow) -> Result<Tier, StoreError> {
-    let tier: String = row.try_get("tier").map_err(err("decode"))?;
-    tier.parse().map_err(|e: String| corrupt("tier", e))
+    idem_core::row::tier(row.try_get("tier").map_err(err("decode"))?)
 }
 
 #[async_trait]
@@ -319,7 +303,7 @@ impl RetentionStore for PgStore {
                 .map(|d| {
                     d.result
                         .as_ref()
-                        .map(|r| crate::row::headers_json(&r.headers))
+                        .map(|r| idem_core::row::headers_json(&r.headers))
                 })
                 .collect();
             // The dispute tier keeps audit fields only: the lease owner goes too.
@@ -554,8 +538,13 @@ impl RetentionStore for PgStore {
             })
             .collect())
     }
+}
 
-    async fn seed_terminal(
+impl PgStore {
+    /// Test and benchmark fixture: inserts `count` SUCCEEDED records in the retry tier
+    /// under `tenant`, keys `{prefix}{n}`, completed at `completed_at`, each with a
+    /// `body_bytes` response body and result reference `order-{prefix}{n}`.
+    pub async fn seed_terminal(
         &self,
         tenant: &TenantId,
         prefix: &str,

@@ -1,9 +1,9 @@
 //! Decoding rows into [`Record`]s. A row that does not decode is reported as a backend
 //! error, never skipped: a corrupt record must not look like an absent one.
 
+use idem_core::row::{fingerprint, owner, principal, state, stored_result, RecordRow};
 use idem_core::{
-    ClaimToken, Fingerprint, IdempotencyKey, OwnerId, Principal, Record, RecordState, StoreError,
-    StoredResult, TenantId,
+    ClaimToken, IdempotencyKey, Record, RecordState, StoreError, StoredResult, TenantId,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -11,7 +11,7 @@ use sqlx::Row;
 use crate::error::map_err;
 
 fn corrupt(what: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("corrupt idempotency record: {what}: {detail}"))
+    idem_core::row::corrupt(what, detail)
 }
 
 fn get<'r, T>(row: &'r PgRow, col: &str) -> Result<T, StoreError>
@@ -21,62 +21,27 @@ where
     row.try_get(col).map_err(|e| map_err("decode", e))
 }
 
-/// Encodes result headers as a JSON array of `[name, value]` pairs (order kept).
-pub(crate) fn headers_json(headers: &[(String, String)]) -> String {
-    serde_json::to_string(headers).expect("string pairs always serialize")
-}
-
+/// Reads a record's columns (by name); `idem_core::row` validates them.
 pub(crate) fn record(row: &PgRow) -> Result<Record, StoreError> {
-    let tenant: String = get(row, "tenant_id")?;
-    let key: String = get(row, "key")?;
-    let principal: String = get(row, "principal")?;
-    let fingerprint: Vec<u8> = get(row, "fingerprint")?;
-    let state: String = get(row, "state")?;
-    let owner: Option<String> = get(row, "owner")?;
-    let status: Option<i32> = get(row, "result_status")?;
-    let headers: Option<String> = get(row, "result_headers")?;
-    let body: Option<Vec<u8>> = get(row, "result_body")?;
-    let result_ref: Option<String> = get(row, "result_ref")?;
-
-    let fingerprint: [u8; 32] = fingerprint
-        .as_slice()
-        .try_into()
-        .map_err(|_| corrupt("fingerprint", format!("{} bytes", fingerprint.len())))?;
-    // A result exists iff a status was stored; the other parts default to empty.
-    let result = match status {
-        None => None,
-        Some(status) => Some(StoredResult {
-            status: u16::try_from(status).map_err(|e| corrupt("result_status", e))?,
-            headers: match headers {
-                None => Vec::new(),
-                Some(text) => {
-                    serde_json::from_str(&text).map_err(|e| corrupt("result_headers", e))?
-                }
-            },
-            body: body.unwrap_or_default(),
-            result_ref,
-        }),
-    };
-    Ok(Record {
-        tenant: TenantId::new(tenant).map_err(|e| corrupt("tenant_id", e))?,
-        key: IdempotencyKey::from_stored(key).map_err(|e| corrupt("key", e))?,
-        principal: Principal::new(principal).map_err(|e| corrupt("principal", e))?,
-        fingerprint: Fingerprint::from_bytes(fingerprint),
-        state: state
-            .parse::<RecordState>()
-            .map_err(|e| corrupt("state", e))?,
+    RecordRow {
+        tenant_id: get(row, "tenant_id")?,
+        key: get(row, "key")?,
+        principal: get(row, "principal")?,
+        fingerprint: get(row, "fingerprint")?,
+        state: get(row, "state")?,
         version: get(row, "version")?,
-        owner: owner
-            .map(OwnerId::new)
-            .transpose()
-            .map_err(|e| corrupt("owner", e))?,
+        owner: get(row, "owner")?,
         lease_expires_at: get(row, "lease_expires_at")?,
-        result,
+        result_status: get::<Option<i32>>(row, "result_status")?.map(i64::from),
+        result_headers: get(row, "result_headers")?,
+        result_body: get(row, "result_body")?,
+        result_ref: get(row, "result_ref")?,
         attempts: get(row, "attempts")?,
         created_at: get(row, "created_at")?,
         updated_at: get(row, "updated_at")?,
         completed_at: get(row, "completed_at")?,
-    })
+    }
+    .decode()
 }
 
 fn at<'r, T>(row: &'r PgRow, idx: usize) -> Result<T, StoreError>
@@ -84,14 +49,6 @@ where
     T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
 {
     row.try_get(idx).map_err(|e| map_err("decode", e))
-}
-
-fn fingerprint(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
-    let fp: [u8; 32] = bytes
-        .as_slice()
-        .try_into()
-        .map_err(|_| corrupt("fingerprint", format!("{} bytes", bytes.len())))?;
-    Ok(Fingerprint::from_bytes(fp))
 }
 
 /// What a claim statement answered (see `sql::CLAIM_COLS`).
@@ -123,40 +80,21 @@ pub(crate) fn claim_row(
         return Ok(ClaimRow::Fresh(version, lease, attempts));
     }
     let now: i64 = at(row, 4)?;
-    let principal: String = at(row, 5)?;
-    let state: &str = at(row, 7)?;
-    let owner: Option<String> = at(row, 8)?;
-    let status: Option<i32> = at(row, 9)?;
-    let headers: Option<&str> = at(row, 10)?;
-    let result = match status {
-        None => None,
-        Some(status) => Some(StoredResult {
-            status: u16::try_from(status).map_err(|e| corrupt("result_status", e))?,
-            headers: match headers {
-                None => Vec::new(),
-                Some(text) => {
-                    serde_json::from_str(text).map_err(|e| corrupt("result_headers", e))?
-                }
-            },
-            body: at::<Option<Vec<u8>>>(row, 11)?.unwrap_or_default(),
-            result_ref: at(row, 12)?,
-        }),
-    };
     let rec = Record {
         tenant: tenant.clone(),
         key: key.clone(),
-        principal: Principal::new(principal).map_err(|e| corrupt("principal", e))?,
+        principal: principal(at(row, 5)?)?,
         fingerprint: fingerprint(at(row, 6)?)?,
-        state: state
-            .parse::<RecordState>()
-            .map_err(|e| corrupt("state", e))?,
+        state: state(at(row, 7)?)?,
         version,
-        owner: owner
-            .map(OwnerId::new)
-            .transpose()
-            .map_err(|e| corrupt("owner", e))?,
+        owner: owner(at(row, 8)?)?,
         lease_expires_at: lease,
-        result,
+        result: stored_result(
+            at::<Option<i32>>(row, 9)?.map(i64::from),
+            at(row, 10)?,
+            at(row, 11)?,
+            at(row, 12)?,
+        )?,
         attempts,
         created_at: at(row, 13)?,
         updated_at: at(row, 14)?,
@@ -176,11 +114,10 @@ pub(crate) fn finished(
     if row.len() != crate::sql::FINISH_COLS {
         return Err(corrupt("finish answer", format!("{} columns", row.len())));
     }
-    let principal: String = at(row, 0)?;
     Ok(Record {
         tenant: token.scope.tenant.clone(),
         key: token.scope.key.clone(),
-        principal: Principal::new(principal).map_err(|e| corrupt("principal", e))?,
+        principal: principal(at(row, 0)?)?,
         fingerprint: fingerprint(at(row, 1)?)?,
         state,
         version: at(row, 6)?,

@@ -26,20 +26,21 @@
 //! It must not invent lease rules: `idem_core::lease` states them, and
 //! `idem-conformance::lease` checks them.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::lease::{check_reason, check_ttl, fence_accepts, holder_detail};
+use idem_core::row::{holds, FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot};
 use idem_core::{
-    Acquire, ClockShift, Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind,
-    LeaseName, LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
+    Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,
+    LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
 };
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
-use crate::{lease_ms, map_err, now_on, now_sql, SqliteStore, NOW};
+use crate::{lease_ms, map_err, now_on, now_sql, SqliteStore, SqliteTx, NOW};
+
+pub use idem_core::row::FencedWriteFuture;
 
 /// The id of a new event of the name bound at `$name`: one above the name's highest
 /// (the log is keyed by (name, id); the migration-4 triggers spell the same rule).
@@ -53,22 +54,8 @@ macro_rules! next_event_id {
     };
 }
 
-/// The future a fenced write's closure returns; it borrows the transaction's connection.
-pub type FencedWriteFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
-
 fn lerr(e: sqlx::Error) -> LeaseError {
     map_err(e).into()
-}
-
-fn bad_row(what: &str, e: impl std::fmt::Display) -> LeaseError {
-    LeaseError::Backend(format!("corrupt lease column {what}: {e}"))
-}
-
-/// What one read sees: store time, the lease row (live or expired), the last token.
-struct Snapshot {
-    now: Millis,
-    lease: Option<Lease>,
-    last_token: Option<FencingToken>,
 }
 
 /// Reads the lease row, the token counter and the store time in one statement.
@@ -76,7 +63,7 @@ async fn snapshot(
     conn: &mut SqliteConnection,
     clock: &ClockShift,
     name: &LeaseName,
-) -> Result<Snapshot, LeaseError> {
+) -> Result<LeaseSnapshot, LeaseError> {
     let row = sqlx::query(&format!(
         "SELECT {NOW} AS now_ms, l.name IS NOT NULL AS found, \
            l.owner, l.token, l.acquired_at, l.expires_at, l.renewals, \
@@ -91,24 +78,21 @@ async fn snapshot(
     .await
     .map_err(lerr)?;
     let found: bool = row.try_get("found").map_err(lerr)?;
-    let last: i64 = row.try_get("last_token").map_err(lerr)?;
-    Ok(Snapshot {
-        now: row.try_get("now_ms").map_err(lerr)?,
-        lease: found.then(|| lease_from_row(name, &row)).transpose()?,
-        last_token: (last > 0).then_some(FencingToken::new(last)),
-    })
+    LeaseSnapshot::decode(
+        name,
+        row.try_get("now_ms").map_err(lerr)?,
+        found.then(|| lease_row(&row)).transpose()?,
+        row.try_get("last_token").map_err(lerr)?,
+    )
 }
 
-fn lease_from_row(name: &LeaseName, row: &SqliteRow) -> Result<Lease, LeaseError> {
-    let owner: String = row.try_get("owner").map_err(lerr)?;
-    let renewals: i64 = row.try_get("renewals").map_err(lerr)?;
-    Ok(Lease {
-        name: name.clone(),
-        owner: OwnerId::new(owner).map_err(|e| bad_row("owner", e))?,
-        token: FencingToken::new(row.try_get("token").map_err(lerr)?),
+fn lease_row(row: &SqliteRow) -> Result<LeaseRow, LeaseError> {
+    Ok(LeaseRow {
+        owner: row.try_get("owner").map_err(lerr)?,
+        token: row.try_get("token").map_err(lerr)?,
         acquired_at: row.try_get("acquired_at").map_err(lerr)?,
         expires_at: row.try_get("expires_at").map_err(lerr)?,
-        renewals: u32::try_from(renewals).map_err(|e| bad_row("renewals", e))?,
+        renewals: row.try_get("renewals").map_err(lerr)?,
     })
 }
 
@@ -147,7 +131,7 @@ async fn delete_lease(conn: &mut SqliteConnection, name: &LeaseName) -> Result<(
 /// the expiry is recorded once.
 async fn settle_expired(
     conn: &mut SqliteConnection,
-    snap: Snapshot,
+    snap: LeaseSnapshot,
 ) -> Result<Option<Lease>, LeaseError> {
     match snap.lease {
         Some(lease) if !lease.is_live(snap.now) => {
@@ -209,10 +193,6 @@ async fn grant(
     .transpose()
 }
 
-fn holds(lease: &Lease, owner: &OwnerId, token: FencingToken, now: Millis) -> bool {
-    lease.owner == *owner && lease.token == token && lease.is_live(now)
-}
-
 impl SqliteStore {
     async fn begin_lease(&self) -> Result<crate::SqliteTx, LeaseError> {
         Ok(self.begin().await?)
@@ -250,16 +230,16 @@ impl SqliteStore {
         let Some(row) = row else {
             return Ok(None);
         };
-        let renewals: i64 = row.try_get("renewals").map_err(lerr)?;
+        let lease = LeaseRow {
+            owner: owner.to_string(),
+            token: token.get(),
+            acquired_at: row.try_get("acquired_at").map_err(lerr)?,
+            expires_at: row.try_get("expires_at").map_err(lerr)?,
+            renewals: row.try_get("renewals").map_err(lerr)?,
+        }
+        .decode(name)?;
         Ok(Some(Release::Released {
-            lease: Lease {
-                name: name.clone(),
-                owner: owner.clone(),
-                token,
-                acquired_at: row.try_get("acquired_at").map_err(lerr)?,
-                expires_at: row.try_get("expires_at").map_err(lerr)?,
-                renewals: u32::try_from(renewals).map_err(|e| bad_row("renewals", e))?,
-            },
+            lease,
             released_at: row.try_get("at").map_err(lerr)?,
         }))
     }
@@ -303,13 +283,28 @@ impl SqliteStore {
         E: From<LeaseError>,
         F: for<'c> FnOnce(&'c mut SqliteConnection) -> FencedWriteFuture<'c, T, E>,
     {
-        if resource.is_empty() {
-            return Err(LeaseError::InvalidInput("fenced resource name is empty".into()).into());
-        }
-        let mut tx = self.begin_lease().await?;
-        let now = now_on(&mut tx, &self.clock)
-            .await
-            .map_err(LeaseError::from)?;
+        idem_core::row::fenced_write(&Fence(self), resource, lease, write).await
+    }
+}
+
+/// This store's steps of [`idem_core::row::fenced_write`].
+struct Fence<'s>(&'s SqliteStore);
+
+impl FenceSteps for Fence<'_> {
+    type Tx = SqliteTx;
+    type Conn = SqliteConnection;
+
+    async fn begin(&self) -> Result<SqliteTx, LeaseError> {
+        self.0.begin_lease().await
+    }
+
+    async fn take<'a>(
+        &'a self,
+        tx: &'a mut SqliteTx,
+        resource: &'a str,
+        lease: &'a Lease,
+    ) -> Result<Option<(FencingToken, Millis)>, LeaseError> {
+        let now = now_on(tx, &self.0.clock).await.map_err(LeaseError::from)?;
         let accepted: Option<i64> = sqlx::query_scalar(
             "INSERT INTO idem_fences (resource, last_token, lease_name, owner, updated_at) \
              VALUES (?, ?, ?, ?, ?) \
@@ -324,48 +319,48 @@ impl SqliteStore {
         .bind(lease.name.as_str())
         .bind(lease.owner.as_str())
         .bind(now)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut **tx)
         .await
         .map_err(lerr)?;
-        if accepted.is_none() {
-            let last: i64 =
-                sqlx::query_scalar("SELECT last_token FROM idem_fences WHERE resource = ?")
-                    .bind(resource)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(lerr)?;
-            let last = FencingToken::new(last);
-            debug_assert!(!fence_accepts(Some(last), lease.token));
-            tx.rollback().await.map_err(LeaseError::from)?;
-            // Recorded after the rollback, in its own commit: the caller's transaction
-            // is gone, the evidence must not be.
-            let event = LeaseEvent::of_caller(
-                LeaseEventKind::FencedWriteRejected,
-                now,
-                &lease.name,
-                &lease.owner,
-                lease.token,
-            )
-            .with_detail(format!("resource {resource} accepted token {last}"));
-            let mut evidence = self.begin_lease().await?;
-            record(&mut evidence, &event).await?;
-            evidence.commit().await.map_err(LeaseError::from)?;
-            tracing::warn!(
-                lease = %lease.name, owner = %lease.owner, token = %lease.token,
-                resource, last_accepted = %last, "fenced write rejected"
-            );
-            return Err(LeaseError::from(Fenced {
-                resource: resource.to_owned(),
-                name: lease.name.clone(),
-                owner: lease.owner.clone(),
-                token: lease.token,
-                last_accepted: last,
-            })
-            .into());
+        if accepted.is_some() {
+            return Ok(None);
         }
-        let out = write(&mut tx).await?;
-        tx.commit().await.map_err(LeaseError::from)?;
-        Ok(out)
+        let last: i64 = sqlx::query_scalar("SELECT last_token FROM idem_fences WHERE resource = ?")
+            .bind(resource)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(lerr)?;
+        let last = FencingToken::new(last);
+        debug_assert!(!fence_accepts(Some(last), lease.token));
+        Ok(Some((last, now)))
+    }
+
+    fn conn(tx: &mut SqliteTx) -> &mut SqliteConnection {
+        tx
+    }
+
+    async fn commit(tx: SqliteTx) -> Result<(), LeaseError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(tx: SqliteTx) -> Result<(), LeaseError> {
+        Ok(tx.rollback().await?)
+    }
+
+    async fn refused<'a>(&'a self, refusal: &'a FenceRefusal) {
+        let recorded = async {
+            let mut evidence = self.0.begin_lease().await?;
+            record(&mut evidence, &refusal.event).await?;
+            evidence.commit().await.map_err(LeaseError::from)
+        };
+        let f = &refusal.fenced;
+        if let Err(e) = recorded.await {
+            tracing::error!(error = %e, lease = %f.name, resource = %f.resource, "fenced-write evidence not recorded");
+        }
+        tracing::warn!(
+            lease = %f.name, owner = %f.owner, token = %f.token,
+            resource = %f.resource, last_accepted = %f.last_accepted, "fenced write rejected"
+        );
     }
 }
 
@@ -552,22 +547,16 @@ impl LeaseStore for SqliteStore {
         .map_err(lerr)?;
         rows.iter()
             .map(|row| {
-                let kind: String = row.try_get("kind").map_err(lerr)?;
-                let owner: Option<String> = row.try_get("owner").map_err(lerr)?;
-                let token: Option<i64> = row.try_get("token").map_err(lerr)?;
-                Ok(LeaseEvent {
-                    name: name.clone(),
-                    kind: kind.parse().map_err(|e| bad_row("kind", e))?,
+                LeaseEventRow {
+                    kind: row.try_get("kind").map_err(lerr)?,
                     at: row.try_get("at").map_err(lerr)?,
-                    owner: owner
-                        .map(OwnerId::new)
-                        .transpose()
-                        .map_err(|e| bad_row("owner", e))?,
-                    token: token.map(FencingToken::new),
+                    owner: row.try_get("owner").map_err(lerr)?,
+                    token: row.try_get("token").map_err(lerr)?,
                     acquired_at: row.try_get("acquired_at").map_err(lerr)?,
                     expires_at: row.try_get("expires_at").map_err(lerr)?,
                     detail: row.try_get("detail").map_err(lerr)?,
-                })
+                }
+                .decode(name)
             })
             .collect()
     }

@@ -11,15 +11,14 @@
 //! [`ClockShift`] tests use).
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::row::{headers_json, RecordRow};
 use idem_core::{
-    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Fingerprint, Finish,
-    IdempotencyKey, IdempotencyStore, Millis, OwnerId, Principal, Record, RecordState, Scope,
-    StoreError, StoreLimits, StoredResult, TenantId,
+    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
+    IdempotencyStore, Millis, Record, Scope, StoreError, StoreLimits,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -243,55 +242,27 @@ const RECORD_COLUMNS: &str = "tenant_id, key, principal, fingerprint, state, ver
      lease_expires_at, result_status, result_headers, result_body, result_ref, attempts, \
      created_at, updated_at, completed_at";
 
-fn bad_row(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("corrupt record column {what}: {e}"))
-}
-
+/// Reads a record's columns; `idem_core::row` validates them.
 fn record_from_row(row: &SqliteRow) -> Result<Record, StoreError> {
-    let get_str = |c: &str| -> Result<String, StoreError> { row.try_get(c).map_err(map_err) };
-    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map_err)?;
-    let fp: [u8; 32] = fp
-        .try_into()
-        .map_err(|_| bad_row("fingerprint", "not 32 bytes"))?;
-    let status: Option<i64> = row.try_get("result_status").map_err(map_err)?;
-    let result = match status {
-        None => None,
-        Some(status) => {
-            let headers: Option<String> = row.try_get("result_headers").map_err(map_err)?;
-            let headers = match headers {
-                Some(h) => serde_json::from_str(&h).map_err(|e| bad_row("result_headers", e))?,
-                None => Vec::new(),
-            };
-            Some(StoredResult {
-                status: u16::try_from(status).map_err(|e| bad_row("result_status", e))?,
-                headers,
-                body: row
-                    .try_get::<Option<Vec<u8>>, _>("result_body")
-                    .map_err(map_err)?
-                    .unwrap_or_default(),
-                result_ref: row.try_get("result_ref").map_err(map_err)?,
-            })
-        }
-    };
-    let owner: Option<String> = row.try_get("owner").map_err(map_err)?;
-    Ok(Record {
-        tenant: TenantId::new(get_str("tenant_id")?).map_err(|e| bad_row("tenant_id", e))?,
-        key: IdempotencyKey::from_stored(get_str("key")?).map_err(|e| bad_row("key", e))?,
-        principal: Principal::new(get_str("principal")?).map_err(|e| bad_row("principal", e))?,
-        fingerprint: Fingerprint::from_bytes(fp),
-        state: RecordState::from_str(&get_str("state")?).map_err(|e| bad_row("state", e))?,
+    RecordRow {
+        tenant_id: row.try_get("tenant_id").map_err(map_err)?,
+        key: row.try_get("key").map_err(map_err)?,
+        principal: row.try_get("principal").map_err(map_err)?,
+        fingerprint: row.try_get("fingerprint").map_err(map_err)?,
+        state: row.try_get("state").map_err(map_err)?,
         version: row.try_get("version").map_err(map_err)?,
-        owner: owner
-            .map(OwnerId::new)
-            .transpose()
-            .map_err(|e| bad_row("owner", e))?,
+        owner: row.try_get("owner").map_err(map_err)?,
         lease_expires_at: row.try_get("lease_expires_at").map_err(map_err)?,
-        result,
+        result_status: row.try_get("result_status").map_err(map_err)?,
+        result_headers: row.try_get("result_headers").map_err(map_err)?,
+        result_body: row.try_get("result_body").map_err(map_err)?,
+        result_ref: row.try_get("result_ref").map_err(map_err)?,
         attempts: row.try_get("attempts").map_err(map_err)?,
         created_at: row.try_get("created_at").map_err(map_err)?,
         updated_at: row.try_get("updated_at").map_err(map_err)?,
         completed_at: row.try_get("completed_at").map_err(map_err)?,
-    })
+    }
+    .decode()
 }
 
 async fn get_on(conn: &mut SqliteConnection, scope: &Scope) -> Result<Option<Record>, StoreError> {
@@ -455,10 +426,7 @@ async fn finish_on(
 ) -> Result<Record, StoreError> {
     let terminal = finish.state.is_terminal();
     let result = finish.result.as_ref();
-    let headers = result
-        .map(|r| serde_json::to_string(&r.headers))
-        .transpose()
-        .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+    let headers = result.map(|r| headers_json(&r.headers));
     let w = lock(writer).await;
     // No RETURNING (see claim_on): the write commits as soon as it executes, and the
     // record is read back afterwards without the write lock.

@@ -14,7 +14,8 @@ use idem_core::retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, Demotion, DueRecord, RetentionStore, ScanCursor,
     StaleRecord, Tier, TierUsage,
 };
-use idem_core::{Fingerprint, IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
+use idem_core::row::{headers_json, ArchiveRow};
+use idem_core::{IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
@@ -25,46 +26,25 @@ const TERMINAL: &str = "state IN ('SUCCEEDED', 'FAILED_TERMINAL')";
 const ARCHIVE_COLUMNS: &str = "tenant_id, key_digest, fingerprint, result_digest, result_ref, \
      state, status, first_processed_at, completed_at, archived_at";
 
-fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("corrupt archive column {what}: {e}"))
-}
-
+/// Reads an archive row's columns; `idem_core::row` validates them.
 fn archived_from_row(row: &SqliteRow) -> Result<ArchivedRecord, StoreError> {
-    let tenant: String = row.try_get("tenant_id").map_err(map_err)?;
-    let kd: Vec<u8> = row.try_get("key_digest").map_err(map_err)?;
-    let fp: Vec<u8> = row.try_get("fingerprint").map_err(map_err)?;
-    let rd: Option<Vec<u8>> = row.try_get("result_digest").map_err(map_err)?;
-    let state: String = row.try_get("state").map_err(map_err)?;
-    let status: Option<i64> = row.try_get("status").map_err(map_err)?;
-    Ok(ArchivedRecord {
-        tenant: TenantId::new(tenant).map_err(|e| corrupt("tenant_id", e))?,
-        key_digest: kd
-            .try_into()
-            .map_err(|_| corrupt("key_digest", "not 16 bytes"))?,
-        fingerprint: Fingerprint::from_bytes(
-            fp.try_into()
-                .map_err(|_| corrupt("fingerprint", "not 32 bytes"))?,
-        ),
-        result_digest: rd
-            .map(|d| d.try_into())
-            .transpose()
-            .map_err(|_| corrupt("result_digest", "not 16 bytes"))?,
+    ArchiveRow {
+        tenant_id: row.try_get("tenant_id").map_err(map_err)?,
+        key_digest: row.try_get("key_digest").map_err(map_err)?,
+        fingerprint: row.try_get("fingerprint").map_err(map_err)?,
+        result_digest: row.try_get("result_digest").map_err(map_err)?,
         result_ref: row.try_get("result_ref").map_err(map_err)?,
-        state: state.parse().map_err(|e| corrupt("state", e))?,
-        status: status
-            .map(u16::try_from)
-            .transpose()
-            .map_err(|e| corrupt("status", e))?,
+        state: row.try_get("state").map_err(map_err)?,
+        status: row.try_get("status").map_err(map_err)?,
         first_processed_at: row.try_get("first_processed_at").map_err(map_err)?,
         completed_at: row.try_get("completed_at").map_err(map_err)?,
         archived_at: row.try_get("archived_at").map_err(map_err)?,
-    })
+    }
+    .decode()
 }
 
 fn tier_of_row(row: &SqliteRow) -> Result<Tier, StoreError> {
-    let tier: String = row.try_get("tier").map_err(map_err)?;
-    tier.parse()
-        .map_err(|e: String| StoreError::Backend(format!("corrupt record column tier: {e}")))
+    idem_core::row::tier(row.try_get("tier").map_err(map_err)?)
 }
 
 #[async_trait]
@@ -207,12 +187,7 @@ impl RetentionStore for SqliteStore {
                 .map_err(map_err)?;
                 applied += 1;
             } else {
-                let headers = d
-                    .result
-                    .as_ref()
-                    .map(|r| serde_json::to_string(&r.headers))
-                    .transpose()
-                    .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+                let headers = d.result.as_ref().map(|r| headers_json(&r.headers));
                 // The dispute tier keeps audit fields only: the lease owner goes too.
                 let n = sqlx::query(
                     "UPDATE idem_records SET tier = ?, version = version + 1, updated_at = ?, \
@@ -394,8 +369,13 @@ impl RetentionStore for SqliteStore {
         }
         Ok(out)
     }
+}
 
-    async fn seed_terminal(
+impl SqliteStore {
+    /// Test and benchmark fixture: inserts `count` SUCCEEDED records in the retry tier
+    /// under `tenant`, keys `{prefix}{n}`, completed at `completed_at`, each with a
+    /// `body_bytes` response body and result reference `order-{prefix}{n}`.
+    pub async fn seed_terminal(
         &self,
         tenant: &TenantId,
         prefix: &str,

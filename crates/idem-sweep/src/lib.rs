@@ -48,7 +48,6 @@ use idem_lease::{Acquired, LeaseGuard, LeaseMetrics};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-pub mod bench;
 pub mod config;
 pub mod metrics;
 

@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{Acquire, LeaseName, LeaseStore, OwnerId, Release, StoreError};
-use idem_postgres::{PgOptions, PgStore};
-use idem_redis::{RedisOptions, RedisStore};
-use idem_sqlite::{SqliteOptions, SqliteStore};
+use idem_sql::{Backend, OpenOptions, Store};
+use idem_sqlite::SqliteOptions;
 use serde::Serialize;
 
 use crate::bench::{drive, phase, Phase};
-use crate::open::{backend_of, default_url, Backend};
+use crate::open::bench_url;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -172,33 +171,31 @@ async fn targets(
     ),
     StoreError,
 > {
-    match backend_of(url)? {
+    let run = uuid::Uuid::now_v7().simple();
+    let schema = format!("idem_bench_lock_{run}");
+    let prefix = format!("idem-bench-lock-{run}");
+    let (url, tmp) = bench_url(url, "bench.db")?;
+    let store = Store::open(
+        &url,
+        &OpenOptions {
+            pg_schema: Some(schema.clone()),
+            pg_max_connections: Some(32),
+            redis_prefix: Some(prefix.clone()),
+            ..OpenOptions::default()
+        },
+    )
+    .await?;
+    // The baseline is each backend's own driver doing the classic lock: one per backend.
+    let raw_lock: Arc<dyn RawLock> = match store.backend() {
         Backend::Sqlite => {
-            let (opts, tmp) = if url == default_url() {
-                let tmp = tempfile::tempdir()
-                    .map_err(|e| StoreError::Unavailable(format!("temp dir: {e}")))?;
-                (SqliteOptions::new(tmp.path().join("bench.db")), Some(tmp))
-            } else {
-                (SqliteOptions::from_url(url)?, None)
-            };
-            let pool = crate::bench::sqlite_pool_after_ddl(&opts, SQL_TABLE).await?;
-            let store = SqliteStore::open(opts).await?;
-            Ok((Arc::new(store), Arc::new(SqliteRaw(pool)), tmp, "sqlite"))
+            let opts = SqliteOptions::from_url(&url)?;
+            Arc::new(SqliteRaw(
+                crate::bench::sqlite_pool_after_ddl(&opts, SQL_TABLE).await?,
+            ))
         }
         Backend::Postgres => {
-            let schema = format!("idem_bench_lock_{}", uuid::Uuid::now_v7().simple());
-            let store = PgStore::connect(
-                url,
-                PgOptions {
-                    schema: Some(schema.clone()),
-                    max_connections: 32,
-                    ..PgOptions::default()
-                },
-            )
-            .await?;
-            store.migrate().await?;
             let pool = crate::bench::pg_bench_pool()
-                .connect(url)
+                .connect(&url)
                 .await
                 .map_err(|e| StoreError::Unavailable(e.to_string()))?;
             sqlx::query(
@@ -207,39 +204,21 @@ async fn targets(
             .execute(&pool)
             .await
             .map_err(raw)?;
-            Ok((
-                Arc::new(store),
-                Arc::new(PgRaw { pool, schema }),
-                None,
-                "postgres",
-            ))
+            Arc::new(PgRaw { pool, schema })
         }
         Backend::Redis => {
-            let prefix = format!("idem-bench-lock-{}", uuid::Uuid::now_v7().simple());
-            let store = RedisStore::connect(
-                url,
-                RedisOptions {
-                    prefix: prefix.clone(),
-                    ..RedisOptions::default()
-                },
-            )
-            .await?;
-            let conn = crate::bench::redis_connection(url).await?;
+            let conn = crate::bench::redis_connection(&url).await?;
             let release = redis::Script::new(
                 "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
             );
-            Ok((
-                Arc::new(store),
-                Arc::new(RedisRaw {
-                    conn,
-                    prefix,
-                    release,
-                }),
-                None,
-                "redis",
-            ))
+            Arc::new(RedisRaw {
+                conn,
+                prefix,
+                release,
+            })
         }
-    }
+    };
+    Ok((store.leases(), raw_lock, tmp, store.backend().as_str()))
 }
 
 pub async fn run(

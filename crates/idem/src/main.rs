@@ -670,7 +670,7 @@ async fn run(
                     "--phase and --concurrency must be positive".into(),
                 ));
             }
-            let report = idem_http::bench::bench(idem_http::bench::BenchOptions {
+            let report = idem_bench::http::bench(idem_bench::http::BenchOptions {
                 phase: Duration::from_secs_f64(phase),
                 concurrency,
                 ..Default::default()
@@ -727,7 +727,7 @@ async fn run(
         Command::Bench {
             command: BenchCommand::Gateway { redis_url, json },
         } => {
-            let report = idem_gateway::bench::bench(idem_gateway::bench::BenchOptions {
+            let report = idem_bench::gateway::bench(idem_bench::gateway::BenchOptions {
                 redis_url,
                 ..Default::default()
             })

@@ -10,10 +10,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_bench::reconcile::BenchOptions;
 use idem_core::StoreError;
-use idem_orders::reconcile::{
-    self, ActionHook, BenchOptions, Progress, ProgressHook, ReconcileOptions,
-};
+use idem_orders::reconcile::{self, ActionHook, Progress, ProgressHook, ReconcileOptions};
 
 /// Test-only: abort the process (no cleanup, like `kill -9`) after this many applied
 /// actions, to prove a rerun completes exactly the rest.
@@ -146,7 +145,7 @@ pub async fn bench(
     duplicate_every: u64,
     json: bool,
 ) -> Result<ExitCode, StoreError> {
-    let report = reconcile::bench(
+    let report = idem_bench::reconcile::bench(
         url,
         &BenchOptions {
             orders,

@@ -8,11 +8,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_bench::demo::DemoOptions;
 use idem_core::{CompensationCheck, StoreError};
 use idem_orders::compensation::OrderCompensation;
 use idem_orders::{
-    ApiKey, DemoOptions, FreezeRequest, FreezeScope, FreezeWhat, HttpTimeouts, ServeConfig,
-    ServiceOptions,
+    ApiKey, FreezeRequest, FreezeScope, FreezeWhat, HttpTimeouts, ServeConfig, ServiceOptions,
 };
 use idem_sweep::Sweeper;
 
@@ -208,7 +208,7 @@ pub async fn freeze(
 }
 
 pub async fn demo_incident(url: Option<String>, json: bool) -> Result<ExitCode, StoreError> {
-    let report = idem_orders::demo_incident(DemoOptions {
+    let report = idem_bench::demo::demo_incident(DemoOptions {
         database_url: url,
         ..DemoOptions::default()
     })

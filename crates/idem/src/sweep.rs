@@ -8,11 +8,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use idem_core::{IdempotencyStore, LeaseStore, Millis, RetentionStore, StoreError, Tier};
-use idem_postgres::{PgOptions, PgStore};
-use idem_sqlite::{SqliteOptions, SqliteStore};
+use idem_sql::{OpenOptions, Store};
 use idem_sweep::{SweepOptions, SweepReport, Sweeper};
 
-use crate::open::{backend_of, Backend, Opened};
+use crate::open::{backend_of, bench_url, Backend};
 
 type Stores = (
     Arc<dyn IdempotencyStore>,
@@ -30,14 +29,20 @@ fn redis_has_nothing_to_sweep() -> StoreError {
 
 /// Opens the store behind `url` as claim, retention and lease store.
 pub async fn open(url: &str) -> Result<Stores, StoreError> {
+    open_with(url, &OpenOptions::default()).await
+}
+
+async fn open_with(url: &str, options: &OpenOptions) -> Result<Stores, StoreError> {
+    // Refused before connecting: the explanation, not a connection error.
     if backend_of(url)? == Backend::Redis {
         return Err(redis_has_nothing_to_sweep());
     }
-    match Opened::open(url).await? {
-        Opened::Sqlite(s) => Ok((s.clone(), s.clone(), s)),
-        Opened::Postgres(s) => Ok((s.clone(), s.clone(), s)),
-        Opened::Redis(_) => Err(redis_has_nothing_to_sweep()),
-    }
+    roles(&Store::open(url, options).await?)
+}
+
+fn roles(store: &Store) -> Result<Stores, StoreError> {
+    let retention = store.retention().ok_or_else(redis_has_nothing_to_sweep)?;
+    Ok((store.records(), retention, store.leases()))
 }
 
 /// Parses `--now` (RFC 3339) to epoch milliseconds.
@@ -144,76 +149,58 @@ pub async fn bench(
     duty: f64,
     json: bool,
 ) -> Result<ExitCode, StoreError> {
-    let (store, retention, _tmp) = match backend_of(url)? {
-        Backend::Sqlite if url == crate::open::default_url() => {
-            let tmp = tempfile::tempdir()
-                .map_err(|e| StoreError::Unavailable(format!("temp dir: {e}")))?;
-            let s =
-                Arc::new(SqliteStore::open(SqliteOptions::new(tmp.path().join("sweep.db"))).await?);
-            (
-                s.clone() as Arc<dyn IdempotencyStore>,
-                s as Arc<dyn RetentionStore>,
-                Some(tmp),
-            )
-        }
-        Backend::Postgres => {
-            // A schema of its own, dropped when the bench ends.
-            let schema = format!("idem_bench_sweep_{}", uuid::Uuid::now_v7().simple());
-            let s = PgStore::connect(
-                url,
-                PgOptions {
-                    schema: Some(schema),
-                    max_connections: (concurrency + 4) as u32,
-                    ..PgOptions::default()
-                },
-            )
-            .await?;
-            s.migrate().await?;
-            let s = Arc::new(s);
-            let report = run_bench(s.clone(), s.clone(), records, concurrency, batch, duty).await;
-            let dropped =
-                crate::bench::drop_bench_schema(s.pool(), s.schema().unwrap_or_default()).await;
-            let report = report?;
-            dropped?;
-            print_bench(&report, json);
-            return Ok(ExitCode::SUCCESS);
-        }
-        _ => {
-            let (s, r, _) = open(url).await?;
-            (s, r, None)
-        }
+    if backend_of(url)? == Backend::Redis {
+        return Err(redis_has_nothing_to_sweep());
+    }
+    let (url, _tmp) = bench_url(url, "sweep.db")?;
+    // PostgreSQL: a schema of its own, dropped when the bench ends.
+    let options = OpenOptions {
+        pg_schema: Some(format!(
+            "idem_bench_sweep_{}",
+            uuid::Uuid::now_v7().simple()
+        )),
+        pg_max_connections: Some((concurrency + 4) as u32),
+        ..OpenOptions::default()
     };
-    let report = run_bench(store, retention, records, concurrency, batch, duty).await?;
+    let opened = Store::open(&url, &options).await?;
+    let sql = opened.sql().ok_or_else(redis_has_nothing_to_sweep)?.clone();
+    let report = run_bench(&sql, records, concurrency, batch, duty).await;
+    let dropped = match opened.sql().and_then(idem_sql::SqlStore::postgres) {
+        Some(pg) => {
+            crate::bench::drop_bench_schema(pg.pool(), pg.schema().unwrap_or_default()).await
+        }
+        None => Ok(()),
+    };
+    let report = report?;
+    dropped?;
     print_bench(&report, json);
     Ok(ExitCode::SUCCESS)
 }
 
 async fn run_bench(
-    store: Arc<dyn IdempotencyStore>,
-    retention: Arc<dyn RetentionStore>,
+    sql: &idem_sql::SqlStore,
     records: u64,
     concurrency: usize,
     batch: usize,
     duty: f64,
-) -> Result<idem_sweep::bench::BenchReport, StoreError> {
-    idem_sweep::bench::bench(
-        store,
-        retention,
-        idem_sweep::bench::BenchOptions {
+) -> Result<idem_bench::sweep::BenchReport, StoreError> {
+    idem_bench::sweep::bench(
+        sql,
+        idem_bench::sweep::BenchOptions {
             records,
             concurrency,
             batch,
             duty,
-            ..idem_sweep::bench::BenchOptions::default()
+            ..idem_bench::sweep::BenchOptions::default()
         },
     )
     .await
 }
 
-fn print_bench(report: &idem_sweep::bench::BenchReport, json: bool) {
+fn print_bench(report: &idem_bench::sweep::BenchReport, json: bool) {
     if json {
         crate::print_json(report);
     } else {
-        idem_sweep::bench::print_human(report);
+        idem_bench::sweep::print_human(report);
     }
 }

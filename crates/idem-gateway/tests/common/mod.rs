@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem_core::TenantId;
-use idem_gateway::stub::Stub;
 use idem_gateway::{ApiKeyEntry, GatewayConfig, KeyRule, RouteConfig};
+use idem_stub::Stub;
 
 pub const T1_KEY: &str = "api-key-tenant-1";
 pub const T2_KEY: &str = "api-key-tenant-2";
@@ -30,7 +30,7 @@ pub fn config(upstream: &str) -> GatewayConfig {
         RouteConfig {
             methods: vec!["POST".into()],
             path: "/v1/search".into(),
-            key: KeyRule::None,
+            key: KeyRule::Ignored,
         },
         RouteConfig {
             methods: vec!["POST".into(), "PATCH".into()],

@@ -4,14 +4,14 @@
 //! `CHECK`s). Leases and fences are the stores' own tables (`idem-sqlite`,
 //! `idem-postgres`).
 //! Migrations are append-only: a released version is never edited. They run inside the
-//! caller's transaction (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: after a transaction-scoped
-//! advisory lock), so two processes starting at once apply each version once.
+//! caller's transaction, which takes turns with other migrators first (SQLite: `BEGIN
+//! IMMEDIATE`; PostgreSQL: a transaction-scoped advisory lock), so two processes starting
+//! at once apply each version once.
 //!
 //! Every ledger is append-or-update: rows are never deleted, and nothing in this schema
 //! cascades a delete.
 
-use sqlx::{PgConnection, SqliteConnection};
-
+use super::{sql, Conn};
 use crate::error::Error;
 
 struct Migration {
@@ -211,49 +211,25 @@ fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-pub(super) async fn apply_sqlite(conn: &mut SqliteConnection) -> Result<(), Error> {
-    sqlx::raw_sql(VERSIONS_TABLE).execute(&mut *conn).await?;
-    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM orders_schema_migrations")
-        .fetch_all(&mut *conn)
-        .await?;
+pub(super) async fn apply(c: &mut Conn<'_>) -> Result<(), Error> {
+    c.execute_script(VERSIONS_TABLE).await?;
+    let applied = c
+        .all(sql("SELECT version FROM orders_schema_migrations"))
+        .await?
+        .iter()
+        .map(|row| row.int("version"))
+        .collect::<Result<Vec<i64>, _>>()?;
     for m in COMMON.iter().filter(|m| !applied.contains(&m.version)) {
-        sqlx::raw_sql(m.sql).execute(&mut *conn).await?;
-        sqlx::query(
-            "INSERT INTO orders_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+        c.execute_script(m.sql).await?;
+        c.execute(
+            sql(
+                "INSERT INTO orders_schema_migrations (version, name, applied_at) \
+                 VALUES ($1, $2, $3)",
+            )
+            .bind(m.version)
+            .bind(m.name)
+            .bind(now_ms()),
         )
-        .bind(m.version)
-        .bind(m.name)
-        .bind(now_ms())
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(())
-}
-
-pub(super) async fn apply_postgres(
-    conn: &mut PgConnection,
-    schema: Option<&str>,
-) -> Result<(), Error> {
-    // Serialize concurrent migrators of the same schema (CREATE TABLE IF NOT EXISTS is
-    // not safe against a concurrent twin).
-    let lock = format!("idem-orders-migrate:{}", schema.unwrap_or(""));
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-        .bind(&lock)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::raw_sql(VERSIONS_TABLE).execute(&mut *conn).await?;
-    let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM orders_schema_migrations")
-        .fetch_all(&mut *conn)
-        .await?;
-    for m in COMMON.iter().filter(|m| !applied.contains(&m.version)) {
-        sqlx::raw_sql(m.sql).execute(&mut *conn).await?;
-        sqlx::query(
-            "INSERT INTO orders_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-        )
-        .bind(m.version)
-        .bind(m.name)
-        .bind(now_ms())
-        .execute(&mut *conn)
         .await?;
     }
     Ok(())

@@ -1,18 +1,14 @@
-//! The repository boundary: one [`Database`] that is either the embedded SQLite file or
-//! PostgreSQL, holding the idempotency records *and* the four ledgers, so that a business
-//! write and the record that makes it idempotent commit in one transaction.
+//! The repository boundary: one [`Database`] holding the idempotency records *and* the
+//! four ledgers, so that a business write and the record that makes it idempotent commit
+//! in one transaction.
 //!
-//! What differs between the backends lives here and nowhere else:
-//! - opening, migrating, and starting a writing transaction (`Tx`: `BEGIN IMMEDIATE` on
-//!   SQLite, a plain transaction on PostgreSQL);
-//! - finishing an idempotency claim inside that transaction (`finish_in_tx` of
-//!   `idem-sqlite` / `idem-postgres`);
-//! - leases and the fenced write (`idem-sqlite`'s and `idem-postgres`'s, which keep the
-//!   same rules and share the conformance suite).
-//!
-//! The ledgers' SQL ([`crate::ledgers`]) is written once, in the dialect both databases
-//! accept (`$n` parameters, `ON CONFLICT`, `RETURNING`, `BIGINT`/`TEXT` columns), and
-//! runs through the small `Conn` / `Row` pair below.
+//! Which backend it is (the embedded SQLite file or PostgreSQL) is `idem-sql`'s business:
+//! opening and the stores' migrations, the writing transaction, finishing a claim inside
+//! it, the fenced write, and the statements the ledgers ([`crate::ledgers`]) write once in
+//! the dialect both databases accept. This module adds the ledgers' own migrations
+//! (`migrate.rs`), the service's defaults, and `Tx` / `PoolConn` / `Conn` / `Row`: the
+//! facade's types answering this crate's [`Error`] (driver errors classified by
+//! `From<sqlx::Error>`), so the ledgers' `?` keeps its meaning.
 //!
 //! This module must not know what an order is, and nothing here deletes a business row.
 
@@ -22,20 +18,18 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use futures::{Stream, TryStreamExt};
 use idem_core::{
     ClaimToken, ClockShift, Finish, IdempotencyStore, Lease, LeaseStore, Record, StoreError,
 };
-use idem_postgres::{PgOptions, PgStore};
-use idem_sqlite::{SqliteOptions, SqliteStore, SqliteTx};
-use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgArguments, PgRow};
-use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{PgConnection, Postgres, Row as _, Sqlite, SqliteConnection};
+use idem_postgres::PgStore;
+use idem_sql::{OpenOptions, SqlStore};
+use idem_sqlite::SqliteStore;
 
 use crate::error::Error;
 
-/// The default database: the embedded file, relative to the working directory.
-pub const DEFAULT_URL: &str = "sqlite://./idem-data/idem.db";
+pub use idem_sql::{redact, DEFAULT_URL};
+pub(crate) use idem_sql::{sql, Sql};
 
 /// How to open a [`Database`].
 #[derive(Debug, Clone, Default)]
@@ -52,13 +46,7 @@ pub struct DatabaseOptions {
 /// The service's database: idempotency records, leases and the four ledgers.
 #[derive(Clone)]
 pub struct Database {
-    backend: Backend,
-}
-
-#[derive(Clone)]
-enum Backend {
-    Sqlite(SqliteStore),
-    Postgres(PgStore),
+    store: SqlStore,
 }
 
 impl std::fmt::Debug for Database {
@@ -73,120 +61,76 @@ impl Database {
     /// Opens `sqlite://PATH` or `postgres://…` and applies every pending migration (the
     /// idempotency store's first, then the ledgers').
     pub async fn open(url: &str, options: DatabaseOptions) -> Result<Self, Error> {
-        if url.starts_with("sqlite:") {
-            let mut sqlite = SqliteOptions::from_url(url)?;
-            sqlite.clock = options.clock;
-            Self::open_sqlite_with(sqlite).await
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let store = PgStore::connect(
-                url,
-                PgOptions {
-                    schema: options.pg_schema.clone(),
-                    clock: options.clock.clone(),
-                    max_connections: options.pg_max_connections.unwrap_or(16),
-                    application_name: "idem-orders".into(),
-                    ..PgOptions::default()
-                },
-            )
-            .await?;
-            store.migrate().await?;
-            let db = Self {
-                backend: Backend::Postgres(store),
-            };
-            db.migrate().await?;
-            Ok(db)
-        } else {
-            Err(Error::InvalidInput(format!(
-                "unsupported database URL {:?}: expected sqlite://PATH or postgres://…",
-                redact(url)
-            )))
-        }
+        let options = OpenOptions {
+            pg_schema: options.pg_schema,
+            pg_max_connections: Some(options.pg_max_connections.unwrap_or(16)),
+            pg_application_name: Some("idem-orders".into()),
+            clock: options.clock,
+            ..OpenOptions::default()
+        };
+        Self::with_ledgers(SqlStore::open(url, &options).await?).await
     }
 
     /// Opens (creating) the SQLite file at `path`.
     pub async fn open_sqlite(path: impl AsRef<Path>) -> Result<Self, Error> {
-        Self::open_sqlite_with(SqliteOptions::new(path.as_ref())).await
+        Self::with_ledgers(SqlStore::open_sqlite_path(path).await?).await
     }
 
-    async fn open_sqlite_with(options: SqliteOptions) -> Result<Self, Error> {
-        let store = SqliteStore::open(options).await?;
-        let db = Self {
-            backend: Backend::Sqlite(store),
-        };
+    /// The service's database over an opened store: applies the ledgers' migrations.
+    pub async fn with_ledgers(store: SqlStore) -> Result<Self, Error> {
+        let db = Self { store };
         db.migrate().await?;
         Ok(db)
     }
 
     async fn migrate(&self) -> Result<(), Error> {
-        match &self.backend {
-            Backend::Sqlite(store) => {
-                let mut tx = store.begin().await?;
-                migrate::apply_sqlite(&mut tx).await?;
-                tx.commit().await?;
-            }
-            Backend::Postgres(store) => {
-                let mut tx = store.pool().begin().await?;
-                migrate::apply_postgres(&mut tx, store.schema()).await?;
-                tx.commit().await?;
-            }
-        }
-        Ok(())
+        let mut tx = self.begin().await?;
+        // Concurrent migrators of one schema take turns (CREATE TABLE IF NOT EXISTS is
+        // not safe against a concurrent twin).
+        let lock = format!("idem-orders-migrate:{}", self.store.schema().unwrap_or(""));
+        tx.0.advisory_lock(&lock).await?;
+        migrate::apply(&mut tx.conn()).await?;
+        tx.commit().await
     }
 
     /// `sqlite` or `postgres`.
     pub fn backend(&self) -> &'static str {
-        match &self.backend {
-            Backend::Sqlite(_) => "sqlite",
-            Backend::Postgres(_) => "postgres",
-        }
+        self.store.backend().as_str()
+    }
+
+    /// The store under the ledgers.
+    pub fn store(&self) -> &SqlStore {
+        &self.store
     }
 
     /// The idempotency store over the same database (for the HTTP layer).
     pub fn idempotency_store(&self) -> Arc<dyn IdempotencyStore> {
-        match &self.backend {
-            Backend::Sqlite(s) => Arc::new(s.clone()),
-            Backend::Postgres(store) => Arc::new(store.clone()),
-        }
+        self.store.records()
     }
 
     /// The lease store over the same database.
     pub fn lease_store(&self) -> Arc<dyn LeaseStore> {
-        match &self.backend {
-            Backend::Sqlite(s) => Arc::new(s.clone()),
-            Backend::Postgres(store) => Arc::new(store.clone()),
-        }
+        self.store.leases()
     }
 
     pub fn sqlite(&self) -> Option<&SqliteStore> {
-        match &self.backend {
-            Backend::Sqlite(s) => Some(s),
-            Backend::Postgres(_) => None,
-        }
+        self.store.sqlite()
     }
 
     pub fn postgres(&self) -> Option<&PgStore> {
-        match &self.backend {
-            Backend::Sqlite(_) => None,
-            Backend::Postgres(store) => Some(store),
-        }
+        self.store.postgres()
     }
 
     /// A writing transaction. Dropping it rolls back. On SQLite it holds the single
     /// write lock: never start a second write (another `begin`, a store method) while it
     /// is open.
     pub(crate) async fn begin(&self) -> Result<Tx, Error> {
-        Ok(match &self.backend {
-            Backend::Sqlite(s) => Tx::Sqlite(s.begin().await?),
-            Backend::Postgres(store) => Tx::Pg(store.pool().begin().await?),
-        })
+        Ok(Tx(self.store.begin().await?))
     }
 
     /// A pooled connection for reads (and single-statement writes outside a transaction).
     pub(crate) async fn acquire(&self) -> Result<PoolConn, Error> {
-        Ok(match &self.backend {
-            Backend::Sqlite(s) => PoolConn::Sqlite(s.pool().acquire().await?),
-            Backend::Postgres(store) => PoolConn::Pg(store.pool().acquire().await?),
-        })
+        Ok(PoolConn(self.store.acquire().await?))
     }
 
     /// Finishes an idempotency claim inside `tx`: it commits with the business rows.
@@ -196,13 +140,7 @@ impl Database {
         token: &ClaimToken,
         finish: Finish,
     ) -> Result<Record, StoreError> {
-        match (&self.backend, tx) {
-            (Backend::Sqlite(s), Tx::Sqlite(t)) => s.finish_in_tx(t, token, finish).await,
-            (Backend::Postgres(store), Tx::Pg(t)) => store.finish_in_tx(t, token, finish).await,
-            _ => Err(StoreError::InvalidInput(
-                "transaction from another database".into(),
-            )),
-        }
+        self.store.finish_in_tx(&mut tx.0, token, finish).await
     }
 
     /// Runs `write` in one transaction with the fence of `resource`: only if `lease`'s
@@ -218,18 +156,9 @@ impl Database {
         T: Send,
         F: for<'c> FnOnce(Conn<'c>) -> BoxFuture<'c, Result<T, Error>> + Send,
     {
-        match &self.backend {
-            Backend::Sqlite(store) => {
-                store
-                    .fenced_write(resource, lease, move |c| write(Conn::Sqlite(c)))
-                    .await
-            }
-            Backend::Postgres(store) => {
-                store
-                    .fenced_write(resource, lease, move |c| write(Conn::Pg(c)))
-                    .await
-            }
-        }
+        self.store
+            .fenced_write(resource, lease, move |c| write(Conn(c)))
+            .await
     }
 
     /// Presents `lease` to the fence of `resource` and writes nothing else: the fence
@@ -241,226 +170,80 @@ impl Database {
     }
 }
 
-/// A URL with any password removed, for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}://{user}:***@{}", &url[..s], &url[at + 1..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
-/// An open writing transaction on either backend.
-pub(crate) enum Tx {
-    Sqlite(SqliteTx),
-    Pg(sqlx::Transaction<'static, Postgres>),
-}
+/// An open writing transaction. Dropping it rolls back.
+pub(crate) struct Tx(idem_sql::Transaction);
 
 impl Tx {
     pub(crate) fn conn(&mut self) -> Conn<'_> {
-        match self {
-            Tx::Sqlite(t) => Conn::Sqlite(t),
-            Tx::Pg(t) => Conn::Pg(t),
-        }
+        Conn(self.0.conn())
     }
 
     pub(crate) async fn commit(self) -> Result<(), Error> {
-        match self {
-            Tx::Sqlite(t) => t.commit().await?,
-            Tx::Pg(t) => t.commit().await?,
-        }
-        Ok(())
+        Ok(self.0.commit().await?)
     }
 }
 
-/// A pooled connection on either backend.
-pub(crate) enum PoolConn {
-    Sqlite(PoolConnection<Sqlite>),
-    Pg(PoolConnection<Postgres>),
-}
+/// A pooled connection.
+pub(crate) struct PoolConn(idem_sql::PoolConn);
 
 impl PoolConn {
     pub(crate) fn conn(&mut self) -> Conn<'_> {
-        match self {
-            PoolConn::Sqlite(c) => Conn::Sqlite(c),
-            PoolConn::Pg(c) => Conn::Pg(c),
-        }
+        Conn(self.0.conn())
     }
 }
 
-/// A borrowed connection (pooled or inside a transaction) on either backend.
-pub(crate) enum Conn<'c> {
-    Sqlite(&'c mut SqliteConnection),
-    Pg(&'c mut PgConnection),
-}
-
-/// A bound parameter. Typed even when NULL, for PostgreSQL.
-#[derive(Debug, Clone)]
-pub(crate) enum Arg {
-    Text(Option<String>),
-    Int(Option<i64>),
-}
-
-pub(crate) trait IntoArg {
-    fn into_arg(self) -> Arg;
-}
-
-impl IntoArg for &str {
-    fn into_arg(self) -> Arg {
-        Arg::Text(Some(self.to_owned()))
-    }
-}
-impl IntoArg for String {
-    fn into_arg(self) -> Arg {
-        Arg::Text(Some(self))
-    }
-}
-impl IntoArg for &String {
-    fn into_arg(self) -> Arg {
-        Arg::Text(Some(self.clone()))
-    }
-}
-impl IntoArg for Option<&str> {
-    fn into_arg(self) -> Arg {
-        Arg::Text(self.map(str::to_owned))
-    }
-}
-impl IntoArg for Option<String> {
-    fn into_arg(self) -> Arg {
-        Arg::Text(self)
-    }
-}
-impl IntoArg for i64 {
-    fn into_arg(self) -> Arg {
-        Arg::Int(Some(self))
-    }
-}
-impl IntoArg for Option<i64> {
-    fn into_arg(self) -> Arg {
-        Arg::Int(self)
-    }
-}
-
-/// A statement (with `$1`, `$2`, … parameters) and its arguments.
-#[derive(Debug, Clone)]
-pub(crate) struct Sql {
-    text: &'static str,
-    args: Vec<Arg>,
-}
-
-/// Starts a statement.
-pub(crate) fn sql(text: &'static str) -> Sql {
-    Sql {
-        text,
-        args: Vec::new(),
-    }
-}
-
-impl Sql {
-    pub(crate) fn bind(mut self, value: impl IntoArg) -> Self {
-        self.args.push(value.into_arg());
-        self
-    }
-
-    fn sqlite(&self) -> sqlx::query::Query<'_, Sqlite, SqliteArguments<'_>> {
-        let mut q = sqlx::query(self.text);
-        for arg in &self.args {
-            q = match arg {
-                Arg::Text(v) => q.bind(v.as_deref()),
-                Arg::Int(v) => q.bind(*v),
-            };
-        }
-        q
-    }
-
-    fn pg(&self) -> sqlx::query::Query<'_, Postgres, PgArguments> {
-        let mut q = sqlx::query(self.text);
-        for arg in &self.args {
-            q = match arg {
-                Arg::Text(v) => q.bind(v.as_deref()),
-                Arg::Int(v) => q.bind(*v),
-            };
-        }
-        q
-    }
-}
+/// A borrowed connection (pooled or inside a transaction).
+pub(crate) struct Conn<'c>(idem_sql::Conn<'c>);
 
 impl Conn<'_> {
     /// Rows affected.
     pub(crate) async fn execute(&mut self, q: Sql) -> Result<u64, Error> {
-        Ok(match self {
-            Conn::Sqlite(c) => q.sqlite().execute(&mut **c).await?.rows_affected(),
-            Conn::Pg(c) => q.pg().execute(&mut **c).await?.rows_affected(),
-        })
+        Ok(self.0.execute(q).await?)
+    }
+
+    /// A script of statements without parameters (DDL).
+    pub(crate) async fn execute_script(&mut self, script: &str) -> Result<(), Error> {
+        Ok(self.0.execute_script(script).await?)
     }
 
     pub(crate) async fn optional(&mut self, q: Sql) -> Result<Option<Row>, Error> {
-        Ok(match self {
-            Conn::Sqlite(c) => q.sqlite().fetch_optional(&mut **c).await?.map(Row::Sqlite),
-            Conn::Pg(c) => q.pg().fetch_optional(&mut **c).await?.map(Row::Pg),
-        })
+        Ok(self.0.optional(q).await?.map(Row))
     }
 
     pub(crate) async fn one(&mut self, q: Sql) -> Result<Row, Error> {
-        Ok(match self {
-            Conn::Sqlite(c) => Row::Sqlite(q.sqlite().fetch_one(&mut **c).await?),
-            Conn::Pg(c) => Row::Pg(q.pg().fetch_one(&mut **c).await?),
-        })
+        Ok(Row(self.0.one(q).await?))
     }
 
     pub(crate) async fn all(&mut self, q: Sql) -> Result<Vec<Row>, Error> {
-        Ok(match self {
-            Conn::Sqlite(c) => q
-                .sqlite()
-                .fetch_all(&mut **c)
-                .await?
-                .into_iter()
-                .map(Row::Sqlite)
-                .collect(),
-            Conn::Pg(c) => q
-                .pg()
-                .fetch_all(&mut **c)
-                .await?
-                .into_iter()
-                .map(Row::Pg)
-                .collect(),
-        })
+        Ok(self.0.all(q).await?.into_iter().map(Row).collect())
+    }
+
+    /// The rows of `q` as they arrive.
+    pub(crate) fn fetch<'a>(
+        &'a mut self,
+        q: &'a Sql,
+    ) -> impl Stream<Item = Result<Row, Error>> + Send + 'a {
+        self.0.fetch(q).map_ok(Row).map_err(Error::from)
     }
 }
 
-/// A result row on either backend, read by column name.
-pub(crate) enum Row {
-    Sqlite(SqliteRow),
-    Pg(PgRow),
-}
+/// A result row, read by column name.
+pub(crate) struct Row(idem_sql::Row);
 
 impl Row {
     pub(crate) fn opt_text(&self, column: &str) -> Result<Option<String>, Error> {
-        Ok(match self {
-            Row::Sqlite(r) => r.try_get(column)?,
-            Row::Pg(r) => r.try_get(column)?,
-        })
+        Ok(self.0.opt_text(column)?)
     }
 
     pub(crate) fn text(&self, column: &str) -> Result<String, Error> {
-        self.opt_text(column)?
-            .ok_or_else(|| Error::Backend(format!("column {column} is NULL")))
+        Ok(self.0.text(column)?)
     }
 
     pub(crate) fn opt_int(&self, column: &str) -> Result<Option<i64>, Error> {
-        Ok(match self {
-            Row::Sqlite(r) => r.try_get(column)?,
-            Row::Pg(r) => r.try_get(column)?,
-        })
+        Ok(self.0.opt_int(column)?)
     }
 
     pub(crate) fn int(&self, column: &str) -> Result<i64, Error> {
-        self.opt_int(column)?
-            .ok_or_else(|| Error::Backend(format!("column {column} is NULL")))
+        Ok(self.0.int(column)?)
     }
 }

@@ -38,7 +38,6 @@
 //! that are not derived from the plan; read the environment (the CLI does that).
 
 mod apply;
-mod bench;
 mod check;
 mod plan;
 mod render;
@@ -52,8 +51,6 @@ use serde::{Deserialize, Serialize};
 use crate::db::{redact, Database, DatabaseOptions};
 use crate::error::Error;
 use crate::freeze::FreezeWhat;
-
-pub use bench::{bench, BenchOptions, BenchReport};
 
 /// The consumer name the reconciler writes its evidence under (`consumer_processed`).
 pub const RECONCILER: &str = "reconciler";
@@ -328,6 +325,32 @@ pub async fn reconcile(
     options: &ReconcileOptions,
 ) -> Result<ReconcileReport, Error> {
     apply::run(db, options, "-".into()).await
+}
+
+/// What [`survey`] found: the scan and the plan, before any freeze guard or check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Survey {
+    /// Orders read in scope.
+    pub orders: u64,
+    /// The intents they form.
+    pub intents: u64,
+    /// Duplicate clusters, with their keepers.
+    pub clusters: Vec<Cluster>,
+    /// The plan: every action of every cluster, with its state.
+    pub actions: Vec<Action>,
+}
+
+/// Scans `db` and plans, writing nothing: the first step of every run (a preview of
+/// what [`reconcile`] would report, without its freeze guard and ledger checks).
+/// `options.apply` and `options.force` are ignored.
+pub async fn survey(db: &Database, options: &ReconcileOptions) -> Result<Survey, Error> {
+    let s = apply::survey(db, options).await?;
+    Ok(Survey {
+        orders: s.orders,
+        intents: s.intents,
+        clusters: s.clusters,
+        actions: s.actions,
+    })
 }
 
 /// `idem reconcile` on a database URL.

@@ -6,7 +6,7 @@
 
 use futures::TryStreamExt;
 
-use crate::db::{sql, Conn, Database};
+use crate::db::{sql, Conn, Database, Row, Sql};
 use crate::error::Error;
 use crate::ledgers::{self, topics};
 use crate::machine::OrderStatus;
@@ -171,28 +171,34 @@ const COUNT: &str = "SELECT COUNT(*) AS n FROM orders o \
        AND ($3 IS NULL OR o.show_id = $3) AND ($4 IS NULL OR o.created_at >= $4) \
        AND ($5 IS NULL OR o.created_at < $5)";
 
-macro_rules! scan_order {
-    ($row:expr) => {{
-        use sqlx::Row as _;
-        let row = $row;
-        let status: String = row.try_get("status")?;
-        ScanOrder {
-            order_id: row.try_get("order_id")?,
-            tenant_id: row.try_get("tenant_id")?,
-            user_id: row.try_get("user_id")?,
-            show_id: row.try_get("show_id")?,
-            quantity: row.try_get("quantity")?,
-            amount_cents: row.try_get("amount_cents")?,
-            client_session: row.try_get("client_session")?,
-            idempotency_key: row.try_get("idempotency_key")?,
-            status: status
-                .parse()
-                .map_err(|e| Error::Backend(format!("status: {e}")))?,
-            created_at: row.try_get("created_at")?,
-            hold: row.try_get("hold_status")?,
-            mark: row.try_get("mark")?,
-        }
-    }};
+fn scan_order(row: &Row) -> Result<ScanOrder, Error> {
+    Ok(ScanOrder {
+        order_id: row.text("order_id")?,
+        tenant_id: row.text("tenant_id")?,
+        user_id: row.text("user_id")?,
+        show_id: row.text("show_id")?,
+        quantity: row.int("quantity")?,
+        amount_cents: row.int("amount_cents")?,
+        client_session: row.opt_text("client_session")?,
+        idempotency_key: row.opt_text("idempotency_key")?,
+        status: row
+            .text("status")?
+            .parse()
+            .map_err(|e| Error::Backend(format!("status: {e}")))?,
+        created_at: row.int("created_at")?,
+        hold: row.opt_text("hold_status")?,
+        mark: row.opt_text("mark")?,
+    })
+}
+
+/// `text` with the scope's filters bound (`$1` … `$5`: tenant, user, show, since, until).
+fn in_scope(text: &'static str, o: &ReconcileOptions) -> Sql {
+    sql(text)
+        .bind(o.tenant.clone())
+        .bind(o.user.clone())
+        .bind(o.show.clone())
+        .bind(o.since_ms)
+        .bind(o.until_ms)
 }
 
 /// What the scan found.
@@ -205,17 +211,7 @@ pub(crate) struct Scanned {
 /// Orders in scope (for `no order row deleted` and the progress bar).
 pub(crate) async fn count(db: &Database, o: &ReconcileOptions) -> Result<u64, Error> {
     let mut conn = db.acquire().await?;
-    let row = conn
-        .conn()
-        .one(
-            sql(COUNT)
-                .bind(o.tenant.clone())
-                .bind(o.user.clone())
-                .bind(o.show.clone())
-                .bind(o.since_ms)
-                .bind(o.until_ms),
-        )
-        .await?;
+    let row = conn.conn().one(in_scope(COUNT, o)).await?;
     Ok(row.int("n")?.max(0) as u64)
 }
 
@@ -234,29 +230,20 @@ pub(crate) async fn scan(db: &Database, o: &ReconcileOptions) -> Result<Scanned,
     let window_ms = i64::try_from(o.window.as_millis()).unwrap_or(i64::MAX);
     let mut grouper = Grouper::new(window_ms);
     let mut scanned = 0u64;
-    macro_rules! stream {
-        ($pool:expr) => {{
-            let mut rows = sqlx::query(SCAN)
-                .bind(o.tenant.as_deref())
-                .bind(o.user.as_deref())
-                .bind(o.show.as_deref())
-                .bind(o.since_ms)
-                .bind(o.until_ms)
-                .fetch($pool);
-            while let Some(row) = rows.try_next().await? {
-                grouper.push(scan_order!(row));
-                scanned += 1;
-                if scanned % 16_384 == 0 {
-                    report(scanned);
-                }
-            }
-        }};
+    let mut next_report = 16_384;
+    let query = in_scope(SCAN, o);
+    let mut conn = db.acquire().await?;
+    let mut c = conn.conn();
+    let mut rows = c.fetch(&query);
+    while let Some(row) = rows.try_next().await? {
+        grouper.push(scan_order(&row)?);
+        scanned += 1;
+        if scanned == next_report {
+            report(scanned);
+            next_report += 16_384;
+        }
     }
-    match (db.sqlite(), db.postgres()) {
-        (Some(s), _) => stream!(s.pool()),
-        (None, Some(p)) => stream!(p.pool()),
-        (None, None) => unreachable!("a database is SQLite or PostgreSQL"),
-    }
+    drop(rows);
     report(scanned);
     let grouper = grouper.finish();
     Ok(Scanned {

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,10 +25,25 @@ use idem_sweep::{LeaseOutcome, SweepOptions, Sweeper};
 pub const DAY: Duration = Duration::from_secs(86_400);
 pub const DAY_MS: i64 = 86_400_000;
 
+/// The store's own `seed_terminal` (a fixture, outside the retention contract):
+/// `(tenant, prefix, count, completed_at, body_bytes)`.
+pub type Seed = Arc<
+    dyn Fn(
+            TenantId,
+            &'static str,
+            u64,
+            Millis,
+            usize,
+        ) -> Pin<Box<dyn Future<Output = Result<u64, StoreError>> + Send>>
+        + Send
+        + Sync,
+>;
+
 pub struct Env {
     pub store: Arc<dyn IdempotencyStore>,
     pub retention: Arc<dyn RetentionStore>,
     pub leases: Arc<dyn LeaseStore>,
+    pub seed: Seed,
     pub clock: ClockShift,
     pub _guard: Box<dyn std::any::Any + Send>,
 }
@@ -37,10 +54,15 @@ pub async fn sqlite() -> Env {
     let mut opts = idem_sqlite::SqliteOptions::new(dir.path().join("idem.db"));
     opts.clock = clock.clone();
     let store = Arc::new(idem_sqlite::SqliteStore::open(opts).await.unwrap());
+    let seeder = store.clone();
     Env {
         store: store.clone(),
         retention: store.clone(),
         leases: store,
+        seed: Arc::new(move |t, prefix, n, at, bytes| {
+            let s = seeder.clone();
+            Box::pin(async move { s.seed_terminal(&t, prefix, n, at, bytes).await })
+        }),
         clock,
         _guard: Box::new(dir),
     }
@@ -95,10 +117,15 @@ pub async fn postgres() -> Option<Env> {
     };
     let store = Arc::new(idem_postgres::PgStore::connect(&url, opts).await.unwrap());
     store.migrate().await.unwrap();
+    let seeder = store.clone();
     Some(Env {
         store: store.clone(),
         retention: store.clone(),
         leases: store,
+        seed: Arc::new(move |t, prefix, n, at, bytes| {
+            let s = seeder.clone();
+            Box::pin(async move { s.seed_terminal(&t, prefix, n, at, bytes).await })
+        }),
         clock,
         _guard: Box::new(PgSchema { url, schema }),
     })
@@ -387,8 +414,7 @@ const SEEDED: u64 = 60;
 
 async fn seeded(env: &Env, completed_at: Millis) -> TenantId {
     let t = fresh_tenant();
-    env.retention
-        .seed_terminal(&t, "k-", SEEDED, completed_at, 64)
+    (env.seed)(t.clone(), "k-", SEEDED, completed_at, 64)
         .await
         .unwrap();
     t
@@ -495,16 +521,6 @@ impl RetentionStore for Instrumented {
     }
     async fn usage(&self) -> Result<Vec<TierUsage>, StoreError> {
         self.inner.usage().await
-    }
-    async fn seed_terminal(
-        &self,
-        t: &TenantId,
-        p: &str,
-        c: u64,
-        at: Millis,
-        b: usize,
-    ) -> Result<u64, StoreError> {
-        self.inner.seed_terminal(t, p, c, at, b).await
     }
 }
 

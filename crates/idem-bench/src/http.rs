@@ -4,7 +4,8 @@
 //! Every phase drives a real server on 127.0.0.1:0 with concurrent reqwest clients (the
 //! store phase calls the store directly) for a fixed time, so the whole run is bounded.
 //! Figures are reported as ratios; absolute numbers depend on the host. This module only
-//! measures: it must not change the layer's configuration beyond what a phase needs.
+//! measures, through the layer's public API: it must not change the layer's configuration
+//! beyond what a phase needs.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,11 +19,9 @@ use idem_core::{
     Claim, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, OwnerId, Principal, Scope,
     StoreError, StoredResult, TenantId,
 };
+use idem_http::{BearerTokens, IdempotencyLayer, Identity};
 use idem_sqlite::{SqliteOptions, SqliteStore};
 use serde::{Deserialize, Serialize};
-
-use crate::auth::{BearerTokens, Identity};
-use crate::layer::IdempotencyLayer;
 
 /// What to run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -70,7 +69,7 @@ pub struct HttpBenchReport {
     pub replay_vs_plain: f64,
     /// Layer with fresh keys ÷ the store's own claim+complete rate.
     pub fresh_vs_store: f64,
-    /// The bar for `fresh_vs_store`.
+    /// The bar `fresh_vs_store` should reach.
     pub fresh_vs_store_target: f64,
     pub meets_target: bool,
 }

@@ -10,9 +10,12 @@
 //!    or damn it by whatever the database does over minutes). The first moments of
 //!    each slice, while a batch may still be in flight, are left out. Reported: records
 //!    per second of sweeping, claim p99 with / without the sweep (target ≤ 1.5×).
-//! 4. Bytes per record in each tier: retry measured on the seeded records before the
+//! 3. Bytes per record in each tier: retry measured on the seeded records before the
 //!    sweep, archive after it, replay and dispute on a sample stepped through the tiers
 //!    with the sweep's `now`.
+//!
+//! It drives [`Sweeper`] through its public builder only and writes only under tenants
+//! of its own (`bench-sweep-…`, `bench-claims-…`, `bench-sample-…`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,11 +24,12 @@ use std::time::{Duration, Instant};
 use idem_core::retention::millis;
 use idem_core::{
     Claim, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, OwnerId, Principal,
-    RetentionPolicy, RetentionStore, Scope, StoreError, StoredResult, TenantId, Tier, TierUsage,
+    RetentionPolicy, Scope, StoreError, StoredResult, TenantId, Tier, TierUsage,
 };
 use serde::Serialize;
 
-use crate::{SweepOptions, SweepReport, Sweeper};
+use idem_sql::SqlStore;
+use idem_sweep::{SweepOptions, SweepReport, Sweeper};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -50,9 +54,9 @@ impl Default for BenchOptions {
             records: 1_000_000,
             concurrency: 16,
             slice: Duration::from_secs(2),
-            batch: crate::DEFAULT_BATCH,
+            batch: idem_sweep::DEFAULT_BATCH,
             pause: Duration::ZERO,
-            duty: crate::DEFAULT_DUTY,
+            duty: idem_sweep::DEFAULT_DUTY,
             body_bytes: 256,
             sample: 2_000,
         }
@@ -111,26 +115,24 @@ pub struct BenchReport {
     pub sweep: SweepReport,
 }
 
-/// Runs the benchmark on `store` (claims) and `retention` (the same database).
-pub async fn bench(
-    store: Arc<dyn IdempotencyStore>,
-    retention: Arc<dyn RetentionStore>,
-    options: BenchOptions,
-) -> Result<BenchReport, StoreError> {
+/// Runs the benchmark on `sql`: claims and retention on the same database, seeded
+/// through the store's own fixture.
+pub async fn bench(sql: &SqlStore, options: BenchOptions) -> Result<BenchReport, StoreError> {
+    let store = sql.records();
+    let retention = sql.retention();
     let run = uuid::Uuid::now_v7().simple().to_string();
     let tenant = TenantId::new(format!("bench-sweep-{run}")).expect("tenant");
     let now = retention.now().await?;
 
     let seeded = Instant::now();
-    retention
-        .seed_terminal(
-            &tenant,
-            "k-",
-            options.records,
-            now - 100 * DAY_MS,
-            options.body_bytes,
-        )
-        .await?;
+    sql.seed_terminal(
+        &tenant,
+        "k-",
+        options.records,
+        now - 100 * DAY_MS,
+        options.body_bytes,
+    )
+    .await?;
     let seed_ms = elapsed_ms(seeded);
     let before = retention.usage().await?;
 
@@ -202,15 +204,14 @@ pub async fn bench(
     // Replay and dispute sizes: a sample stepped through the tiers by `now`.
     let sample_tenant = TenantId::new(format!("bench-sample-{run}")).expect("tenant");
     let base = retention.now().await?;
-    retention
-        .seed_terminal(
-            &sample_tenant,
-            "s-",
-            options.sample,
-            base,
-            options.body_bytes,
-        )
-        .await?;
+    sql.seed_terminal(
+        &sample_tenant,
+        "s-",
+        options.sample,
+        base,
+        options.body_bytes,
+    )
+    .await?;
     let policy = RetentionPolicy::default();
     // Not measured: no rest between batches, no gate.
     let sweeper = Sweeper::new(retention.clone(), RetentionPolicy::default())

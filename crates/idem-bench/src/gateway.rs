@@ -2,7 +2,7 @@
 //! directly and against nginx `proxy_pass` to the same upstream, in the same run; then a
 //! duplicate storm that must cost one upstream call.
 //!
-//! Setup: the stand-in upstream ([`crate::stub`]) and the gateway each run on a
+//! Setup: the stand-in upstream ([`idem_stub`]) and the gateway each run on a
 //! single-threaded runtime on a thread of their own; nginx runs as one process
 //! (`master_process off`), so both proxies are one event loop on one thread. Load comes from this process: `concurrency` keep-alive
 //! HTTP/1.1 connections, each sending requests back to back for `phase` time. Targets
@@ -10,11 +10,12 @@
 //! hits all of them alike. Scenarios: key-less pass-through (`GET /ping`) and keyed
 //! writes with fresh keys (`POST /v1/orders`).
 //!
-//! nginx: `options.nginx`, else `/usr/sbin/nginx` or `nginx` on `PATH`; when absent and
-//! `install_nginx` is set, `apt-get install -y nginx-light` (then `nginx`). If it still
-//! cannot be found the report says so and the nginx columns are empty.
+//! nginx: `options.nginx`, else `/usr/sbin/nginx` or `nginx` on `PATH`. The bench never
+//! installs it: when there is none the report says so (text and JSON) and the nginx
+//! column and ratios are left out. It drives the gateway through its public API only.
 
 use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,11 +31,23 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
-use crate::config::{ApiKeyEntry, GatewayConfig, RouteConfig};
-use crate::error::GatewayError;
-use crate::metrics::GatewayMetrics;
-use crate::routes::KeyRule;
-use crate::stub::{Stub, StubState};
+use idem_gateway::{
+    ApiKeyEntry, GatewayConfig, GatewayError, GatewayMetrics, KeyRule, RouteConfig,
+};
+use idem_stub::{Stub, StubState};
+
+/// Why the bench could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The gateway refused its configuration or could not start.
+    #[error(transparent)]
+    Gateway(#[from] GatewayError),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A bench step (the upstream, a server thread) failed.
+    #[error("bench: {0}")]
+    Setup(String),
+}
 
 /// What to run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -55,10 +68,8 @@ pub struct BenchOptions {
     pub storm_exec_ms: u64,
     /// Share the gateway's window through this Redis (default: in-process memory).
     pub redis_url: Option<String>,
-    /// nginx binary to use.
+    /// nginx binary to use; default `/usr/sbin/nginx` or `nginx` on `PATH`.
     pub nginx: Option<PathBuf>,
-    /// Try `apt-get install` when nginx is not found.
-    pub install_nginx: bool,
     /// Scenarios to run: `pass` (key-less pass-through) and/or `keyed` (fresh keys).
     pub scenarios: Vec<String>,
 }
@@ -74,7 +85,6 @@ impl Default for BenchOptions {
             storm_exec_ms: 300,
             redis_url: None,
             nginx: None,
-            install_nginx: true,
             scenarios: vec!["pass".into(), "keyed".into()],
         }
     }
@@ -125,7 +135,7 @@ pub struct Storm {
 pub struct NginxInfo {
     pub available: bool,
     pub binary: Option<String>,
-    pub installed_by_bench: bool,
+    /// What was used, or why there is no nginx column.
     pub note: String,
 }
 
@@ -194,14 +204,14 @@ const TENANT_HEADER: &str = "x-idem-tenant";
 
 /// Runs the benchmark. Bounded in time: about `2 scenarios x rounds x 3 targets x phase`
 /// plus the storm and setup.
-pub async fn bench(options: BenchOptions) -> Result<BenchReport, GatewayError> {
+pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
     let phase = Duration::from_millis(options.phase_ms.max(100));
     let concurrency = options.concurrency.max(1);
 
     let (upstream, _upstream_rt) = background("idem-bench-upstream", || async {
         let stub = Stub::start(TENANT_HEADER)
             .await
-            .map_err(|e| GatewayError::Bench(format!("upstream: {e}")))?;
+            .map_err(|e| BenchError::Setup(format!("upstream: {e}")))?;
         Ok(((stub.addr, stub.state.clone()), stub))
     })
     .await?;
@@ -231,27 +241,21 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, GatewayError> {
     }
     .to_string();
     let (gateway, _gateway_rt) = background("idem-bench-gateway", move || async move {
-        let gw = crate::start(config).await?;
+        let gw = idem_gateway::start(config).await?;
         Ok(((gw.addr, gw.shared_metrics()), gw))
     })
     .await?;
     let (gateway_addr, gateway_metrics): (SocketAddr, Arc<GatewayMetrics>) = gateway;
 
-    let (nginx_info, nginx) = match find_or_install_nginx(&options).await {
-        Ok((binary, installed)) => match Nginx::start(&binary, upstream_addr).await {
+    let (nginx_info, nginx) = match find_nginx(&options, std::env::var_os("PATH")) {
+        Ok(binary) => match Nginx::start(&binary, upstream_addr).await {
             Ok(n) => (
                 NginxInfo {
                     available: true,
                     binary: Some(binary.display().to_string()),
-                    installed_by_bench: installed,
                     note: format!(
-                        "{} ({}), one process (single event loop), keepalive to the upstream",
+                        "{} (found), one process (single event loop), keepalive to the upstream",
                         binary.display(),
-                        if installed {
-                            "installed by the bench"
-                        } else {
-                            "found"
-                        }
                     ),
                 },
                 Some(n),
@@ -260,7 +264,6 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, GatewayError> {
                 NginxInfo {
                     available: false,
                     binary: Some(binary.display().to_string()),
-                    installed_by_bench: installed,
                     note: format!("found {} but it did not start: {e}", binary.display()),
                 },
                 None,
@@ -270,7 +273,6 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, GatewayError> {
             NginxInfo {
                 available: false,
                 binary: None,
-                installed_by_bench: false,
                 note,
             },
             None,
@@ -373,12 +375,12 @@ impl Drop for Background {
 
 /// Runs `start` on a new single-threaded runtime on a thread of its own; keeps what it
 /// returns as the guard alive until the [`Background`] is dropped.
-async fn background<T, G, F, Fut>(name: &str, start: F) -> Result<(T, Background), GatewayError>
+async fn background<T, G, F, Fut>(name: &str, start: F) -> Result<(T, Background), BenchError>
 where
     T: Send + 'static,
     G: Send + 'static,
     F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(T, G), GatewayError>>,
+    Fut: Future<Output = Result<(T, G), BenchError>>,
 {
     let (ready_tx, ready_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -392,7 +394,7 @@ where
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    let _ = ready_tx.send(Err(GatewayError::Io(e)));
+                    let _ = ready_tx.send(Err(BenchError::Io(e)));
                     return;
                 }
             };
@@ -415,7 +417,7 @@ where
     };
     let value = ready_rx
         .await
-        .map_err(|_| GatewayError::Bench(format!("{name} did not start")))??;
+        .map_err(|_| BenchError::Setup(format!("{name} did not start")))??;
     Ok((value, bg))
 }
 
@@ -697,66 +699,27 @@ async fn purge_prefix(url: &str, prefix: &str) -> redis::RedisResult<()> {
     }
 }
 
-/// Finds nginx, installing it with apt-get when allowed. Returns the binary and whether
-/// the bench installed it, or a note saying why there is none.
-async fn find_or_install_nginx(options: &BenchOptions) -> Result<(PathBuf, bool), String> {
+/// Finds nginx: `options.nginx`, else `/usr/sbin/nginx` or `nginx` on `path` (the
+/// `PATH` value). Never installs it: a missing nginx is a note in the report.
+fn find_nginx(options: &BenchOptions, path: Option<OsString>) -> Result<PathBuf, String> {
     if let Some(p) = &options.nginx {
-        return if p.exists() {
-            Ok((p.clone(), false))
+        return if p.is_file() {
+            Ok(p.clone())
         } else {
-            Err(format!("nginx {} does not exist", p.display()))
+            Err(format!(
+                "nginx {} does not exist; nginx figures skipped",
+                p.display()
+            ))
         };
     }
-    if let Some(p) = locate_nginx() {
-        return Ok((p, false));
-    }
-    if !options.install_nginx {
-        return Err("nginx not found (/usr/sbin/nginx, PATH) and installing is disabled".into());
-    }
-    let mut log = Vec::new();
-    for (i, attempt) in [
-        vec!["install", "-y", "-q", "nginx-light"],
-        vec!["install", "-y", "-q", "nginx"],
-        vec!["update", "-q"],
-        vec!["install", "-y", "-q", "nginx-light"],
-        vec!["install", "-y", "-q", "nginx"],
-    ]
-    .iter()
-    .enumerate()
-    {
-        let out = tokio::time::timeout(
-            Duration::from_secs(300),
-            tokio::process::Command::new("apt-get")
-                .args(attempt)
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .stdin(std::process::Stdio::null())
-                .output(),
-        )
-        .await;
-        let ok = matches!(&out, Ok(Ok(o)) if o.status.success());
-        log.push(format!(
-            "apt-get {}: {}",
-            attempt.join(" "),
-            if ok { "ok" } else { "failed" }
-        ));
-        if ok && i != 2 {
-            if let Some(p) = locate_nginx() {
-                return Ok((p, true));
-            }
-        }
-    }
-    Err(format!(
-        "nginx not found and could not be installed ({})",
-        log.join("; ")
-    ))
-}
-
-fn locate_nginx() -> Option<PathBuf> {
     let mut candidates = vec![PathBuf::from("/usr/sbin/nginx")];
-    if let Some(path) = std::env::var_os("PATH") {
+    if let Some(path) = path {
         candidates.extend(std::env::split_paths(&path).map(|d| d.join("nginx")));
     }
-    candidates.into_iter().find(|p| p.is_file())
+    candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        "nginx not found (/usr/sbin/nginx, PATH); nginx figures skipped (install nginx to compare)"
+            .to_string()
+    })
 }
 
 /// nginx with a generated config, in a temporary prefix, killed when dropped. It runs as
@@ -848,5 +811,27 @@ impl Drop for Nginx {
     fn drop(&mut self) {
         // One process (master_process off), so killing it leaves no worker behind.
         let _ = self.child.start_kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_nginx_is_a_note_never_an_install() {
+        let none = find_nginx(&BenchOptions::default(), Some(OsString::new()));
+        if std::path::Path::new("/usr/sbin/nginx").is_file() {
+            assert!(none.is_ok());
+        } else {
+            let note = none.unwrap_err();
+            assert!(note.contains("nginx not found"), "{note}");
+        }
+        let named = BenchOptions {
+            nginx: Some("/nonexistent/nginx".into()),
+            ..BenchOptions::default()
+        };
+        let note = find_nginx(&named, None).unwrap_err();
+        assert!(note.contains("does not exist"), "{note}");
     }
 }

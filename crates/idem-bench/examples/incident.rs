@@ -4,7 +4,7 @@
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let json = std::env::args().any(|a| a == "--json");
-    let report = idem_orders::demo_incident(idem_orders::DemoOptions::default()).await?;
+    let report = idem_bench::demo::demo_incident(idem_bench::demo::DemoOptions::default()).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -1,4 +1,4 @@
-//! A stand-in business service, for the gateway's tests and benchmark.
+//! idem-stub: a stand-in business service, for the gateway's tests and benchmark.
 //!
 //! It mimics the authoritative layer the gateway sits in front of: keyed writes are
 //! executed once per `(tenant, key)` (tenant from the gateway's tenant header), replayed
@@ -14,9 +14,13 @@
 //! | `GET /stream?chunks=N&delay_ms=D` | N chunks, D ms apart |
 //! | `POST /upload` | reads the body frame by frame (counted as they arrive), answers the size |
 //! | `GET /slow?ms=D` | answers after D ms |
-//! | `GET /v1/idempotency-keys/{key}` | the key's state (see [`crate::upstream::parse_key_state`]) |
+//! | `GET /v1/idempotency-keys/{key}` | the key's state: `{"state": "ABSENT"}` (404), `PROCESSING`, or `SUCCEEDED` with the stored response |
 //! | `POST /v1/guarded` | 401 unless `Authorization: Bearer good`, then a business write |
 //! | any other `POST`/`PUT`/`PATCH` | a business write: keyed by `Idempotency-Key` when present |
+//!
+//! It speaks plain HTTP/1.1 through hyper and depends on no idem crate, so the gateway is
+//! tested against a service that shares none of its code. It is test tooling: it keeps
+//! everything in memory, never persists, and must not grow into a real service.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -37,7 +41,14 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Notify};
 
-use crate::body::{full, Body, BoxError};
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = http_body_util::combinators::BoxBody<Bytes, BoxError>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    http_body_util::Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
 
 #[derive(Debug, Clone)]
 enum BizState {

@@ -14,19 +14,24 @@
 //! stayed in queues. With a database URL the rows stay there for the reconciliation
 //! tooling. This module only drives the service over HTTP and reads the ledgers; it
 //! writes nothing itself.
+//!
+//! It is a driver, not a measurement; it lives here rather than in `idem-orders` so the
+//! service library needs no HTTP client or temporary directories for it. It uses the
+//! service's public API, and plain SQL on the database's pool to read the ledgers.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use idem_orders::db::redact;
+use idem_orders::{
+    bind, ApiKey, Database, DatabaseOptions, Error, Faults, OrdersOptions, ServeConfig,
+    ServiceOptions, SlowCreate,
+};
 use serde::{Deserialize, Serialize};
+use sqlx::Row as _;
 use tokio::time::Instant;
-
-use crate::db::{redact, sql, Database, DatabaseOptions};
-use crate::error::Error;
-use crate::server::{bind, ApiKey, ServeConfig, ServiceOptions};
-use crate::service::{Faults, OrdersOptions, SlowCreate};
 
 /// What to replay.
 #[derive(Debug, Clone)]
@@ -372,6 +377,83 @@ fn lost(label: &str, sent_at_ms: u64, e: &reqwest::Error, timeout_ms: u64) -> Ar
     }
 }
 
+/// What the four ledgers hold for one tenant's session.
+struct Ledgers {
+    orders_by_status: BTreeMap<String, usize>,
+    payments: usize,
+    refunds: usize,
+    charged: i64,
+    provider_calls: i64,
+    holds: i64,
+    held_tickets: i64,
+    messages_by_topic: BTreeMap<String, usize>,
+    unpublished: usize,
+}
+
+const ORDERS_BY_STATUS: &str = "SELECT status, COUNT(*) AS n FROM orders \
+     WHERE tenant_id = $1 AND client_session = $2 GROUP BY status";
+const PAYMENTS: &str = "SELECT p.kind, COUNT(*) AS n, \
+       CAST(COALESCE(SUM(p.amount_cents), 0) AS BIGINT) AS total \
+     FROM payments p JOIN orders o ON o.order_id = p.order_id \
+     WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY p.kind";
+const PROVIDER_CALLS: &str = "SELECT CAST(COALESCE(SUM(ps.calls), 0) AS BIGINT) AS calls \
+     FROM psp_operations ps JOIN orders o ON o.order_id = ps.order_id \
+     WHERE o.tenant_id = $1 AND o.client_session = $2";
+const HOLDS: &str = "SELECT COUNT(*) AS n, \
+       CAST(COALESCE(SUM(h.quantity), 0) AS BIGINT) AS tickets \
+     FROM inventory_holds h JOIN orders o ON o.order_id = h.order_id \
+     WHERE o.tenant_id = $1 AND o.client_session = $2 AND h.status = 'held'";
+const MESSAGES: &str = "SELECT m.topic, COUNT(*) AS n, \
+       CAST(SUM(CASE WHEN m.published_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS waiting \
+     FROM outbox_messages m JOIN orders o ON o.order_id = m.order_id \
+     WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY m.topic";
+
+/// Reads [`Ledgers`] through `$pool` (a SQLite or a PostgreSQL pool: the statements are
+/// plain SQL both run, so the same code is expanded for each).
+macro_rules! read_ledgers {
+    ($pool:expr, $tenant:expr, $session:expr) => {{
+        let (pool, tenant, session) = ($pool, $tenant, $session);
+        let q = |text: &'static str| sqlx::query(text).bind(tenant).bind(session);
+        let mut orders_by_status = BTreeMap::new();
+        for row in q(ORDERS_BY_STATUS).fetch_all(pool).await? {
+            let n: i64 = row.try_get("n")?;
+            orders_by_status.insert(row.try_get::<String, _>("status")?, n as usize);
+        }
+        let (mut payments, mut refunds, mut charged) = (0, 0, 0);
+        for row in q(PAYMENTS).fetch_all(pool).await? {
+            let n: i64 = row.try_get("n")?;
+            match row.try_get::<String, _>("kind")?.as_str() {
+                "charge" => {
+                    payments = n as usize;
+                    charged = row.try_get("total")?;
+                }
+                _ => refunds = n as usize,
+            }
+        }
+        let provider_calls: i64 = q(PROVIDER_CALLS).fetch_one(pool).await?.try_get("calls")?;
+        let holds = q(HOLDS).fetch_one(pool).await?;
+        let mut messages_by_topic = BTreeMap::new();
+        let mut unpublished = 0usize;
+        for row in q(MESSAGES).fetch_all(pool).await? {
+            let n: i64 = row.try_get("n")?;
+            let waiting: i64 = row.try_get("waiting")?;
+            messages_by_topic.insert(row.try_get::<String, _>("topic")?, n as usize);
+            unpublished += waiting as usize;
+        }
+        Ledgers {
+            orders_by_status,
+            payments,
+            refunds,
+            charged,
+            provider_calls,
+            holds: holds.try_get("n")?,
+            held_tickets: holds.try_get("tickets")?,
+            messages_by_topic,
+            unpublished,
+        }
+    }};
+}
+
 async fn arm_report(
     db: &Database,
     tenant: &str,
@@ -379,78 +461,22 @@ async fn arm_report(
     session: &str,
     arrivals: Vec<Arrival>,
 ) -> Result<ArmReport, Error> {
-    let mut conn = db.acquire().await?;
-    let mut c = conn.conn();
-    let mut orders_by_status = BTreeMap::new();
-    for row in c
-        .all(
-            sql("SELECT status, COUNT(*) AS n FROM orders \
-                 WHERE tenant_id = $1 AND client_session = $2 GROUP BY status")
-            .bind(tenant)
-            .bind(session),
-        )
-        .await?
-    {
-        orders_by_status.insert(row.text("status")?, row.int("n")? as usize);
-    }
-    let (mut payments, mut refunds, mut charged) = (0, 0, 0);
-    for row in c
-        .all(
-            sql("SELECT p.kind, COUNT(*) AS n, CAST(COALESCE(SUM(p.amount_cents), 0) AS BIGINT) AS total \
-                 FROM payments p JOIN orders o ON o.order_id = p.order_id \
-                 WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY p.kind")
-            .bind(tenant)
-            .bind(session),
-        )
-        .await?
-    {
-        match row.text("kind")?.as_str() {
-            "charge" => {
-                payments = row.int("n")? as usize;
-                charged = row.int("total")?;
-            }
-            _ => refunds = row.int("n")? as usize,
-        }
-    }
-    let provider_calls = c
-        .one(
-            sql(
-                "SELECT CAST(COALESCE(SUM(ps.calls), 0) AS BIGINT) AS calls \
-                 FROM psp_operations ps JOIN orders o ON o.order_id = ps.order_id \
-                 WHERE o.tenant_id = $1 AND o.client_session = $2",
-            )
-            .bind(tenant)
-            .bind(session),
-        )
-        .await?
-        .int("calls")?;
-    let holds_row = c
-        .one(
-            sql(
-                "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(h.quantity), 0) AS BIGINT) AS tickets \
-                 FROM inventory_holds h JOIN orders o ON o.order_id = h.order_id \
-                 WHERE o.tenant_id = $1 AND o.client_session = $2 AND h.status = 'held'",
-            )
-            .bind(tenant)
-            .bind(session),
-        )
-        .await?;
-    let mut messages_by_topic = BTreeMap::new();
-    let mut unpublished = 0usize;
-    for row in c
-        .all(
-            sql("SELECT m.topic, COUNT(*) AS n, \
-                   CAST(SUM(CASE WHEN m.published_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS waiting \
-                 FROM outbox_messages m JOIN orders o ON o.order_id = m.order_id \
-                 WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY m.topic")
-            .bind(tenant)
-            .bind(session),
-        )
-        .await?
-    {
-        messages_by_topic.insert(row.text("topic")?, row.int("n")? as usize);
-        unpublished += row.int("waiting")? as usize;
-    }
+    let ledgers = match (db.sqlite(), db.postgres()) {
+        (Some(s), _) => read_ledgers!(s.pool(), tenant, session),
+        (None, Some(p)) => read_ledgers!(p.pool(), tenant, session),
+        (None, None) => unreachable!("a database is SQLite or PostgreSQL"),
+    };
+    let Ledgers {
+        orders_by_status,
+        payments,
+        refunds,
+        charged,
+        provider_calls,
+        holds,
+        held_tickets,
+        messages_by_topic,
+        unpublished,
+    } = ledgers;
     let order_ids: Vec<String> = arrivals.iter().filter_map(|a| a.order_id.clone()).collect();
     let mut distinct = order_ids.clone();
     distinct.sort();
@@ -480,8 +506,8 @@ async fn arm_report(
         refunds,
         charged_cents: charged,
         provider_calls,
-        holds: holds_row.int("n")? as usize,
-        held_tickets: holds_row.int("tickets")?,
+        holds: holds as usize,
+        held_tickets,
         messages: messages_by_topic.values().sum(),
         messages_by_topic,
         messages_unpublished: unpublished,

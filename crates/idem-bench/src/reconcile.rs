@@ -3,7 +3,8 @@
 //! SELECT of the same rows, decoded the same way, in the same run.
 //!
 //! It never loads its orders into the operator's database: SQLite runs on a temporary
-//! file, PostgreSQL in a fresh schema that is dropped at the end.
+//! file, PostgreSQL in a fresh schema that is dropped at the end. The dry run is
+//! [`idem_orders::reconcile::survey`], the same scan and plan `idem reconcile` runs.
 
 use std::time::{Duration, Instant};
 
@@ -11,11 +12,9 @@ use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 use sqlx::Row as _;
 
-use crate::db::{redact, Database, DatabaseOptions};
-use crate::error::Error;
-
-use super::apply::survey;
-use super::ReconcileOptions;
+use idem_orders::db::redact;
+use idem_orders::reconcile::{survey, ReconcileOptions};
+use idem_orders::{Database, DatabaseOptions, Error};
 
 /// How big a ledger to reconcile.
 #[derive(Debug, Clone)]

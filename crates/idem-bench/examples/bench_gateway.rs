@@ -1,9 +1,9 @@
 //! Runs the gateway benchmark outside the CLI:
-//! `cargo run --release -p idem-gateway --example bench_gateway -- [--json] [--phase-ms N]
-//! [--rounds N] [--concurrency N] [--storm N] [--redis-url URL] [--no-install]
+//! `cargo run --release -p idem-bench --example bench_gateway -- [--json] [--phase-ms N]
+//! [--rounds N] [--concurrency N] [--storm N] [--redis-url URL] [--nginx PATH]
 //! [--scenarios pass,keyed]`.
 
-use idem_gateway::bench::{bench, BenchOptions};
+use idem_bench::gateway::{bench, BenchOptions};
 
 #[tokio::main]
 async fn main() {
@@ -23,7 +23,7 @@ async fn main() {
             "--concurrency" => opts.concurrency = num("--concurrency") as usize,
             "--storm" => opts.storm = num("--storm") as usize,
             "--redis-url" => opts.redis_url = args.next(),
-            "--no-install" => opts.install_nginx = false,
+            "--nginx" => opts.nginx = args.next().map(Into::into),
             "--scenarios" => {
                 opts.scenarios = args
                     .next()

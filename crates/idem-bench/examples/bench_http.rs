@@ -1,10 +1,10 @@
 //! Runs the HTTP benchmark and prints its report as JSON (what `idem bench http` shows).
 //!
-//! `cargo run --release -p idem-http --example bench_http [PHASE_MS] [CONCURRENCY]`
+//! `cargo run --release -p idem-bench --example bench_http [PHASE_MS] [CONCURRENCY]`
 
 use std::time::Duration;
 
-use idem_http::bench::{bench, BenchOptions};
+use idem_bench::http::{bench, BenchOptions};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

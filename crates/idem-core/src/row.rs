@@ -1,0 +1,533 @@
+//! What the SQL stores share once a row is read: column values turned into the
+//! vocabulary (records, leases, lease events, archive rows, tiers), and the order of the
+//! steps of a fenced write.
+//!
+//! Owns only pure code: each store reads its columns with its own driver into the plain
+//! structs here ([`RecordRow`], [`LeaseRow`], [`LeaseEventRow`], [`ArchiveRow`]), and
+//! this module validates them the same way for every store. It must not do I/O or know a
+//! SQL dialect; statements, migrations and transactions stay in the stores. A value that
+//! does not decode is a backend error, never skipped: a corrupt record must not look like
+//! an absent one.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::{IdempotencyKey, OwnerId, Principal, TenantId};
+use crate::lease::{
+    Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,
+};
+use crate::record::{Millis, Record, RecordState, StoredResult};
+use crate::retention::{ArchivedRecord, Tier};
+use crate::store::StoreError;
+
+/// A stored value that does not decode.
+pub fn corrupt(what: &str, detail: impl Display) -> StoreError {
+    StoreError::Backend(format!("corrupt stored {what}: {detail}"))
+}
+
+fn corrupt_lease(what: &str, detail: impl Display) -> LeaseError {
+    LeaseError::Backend(format!("corrupt stored lease {what}: {detail}"))
+}
+
+fn digest<const N: usize>(what: &str, bytes: Vec<u8>) -> Result<[u8; N], StoreError> {
+    let len = bytes.len();
+    bytes
+        .try_into()
+        .map_err(|_| corrupt(what, format!("{len} bytes, expected {N}")))
+}
+
+/// A stored fingerprint (32 bytes).
+pub fn fingerprint(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
+    digest("fingerprint", bytes).map(Fingerprint::from_bytes)
+}
+
+/// A stored record state.
+pub fn state(text: &str) -> Result<RecordState, StoreError> {
+    text.parse().map_err(|e| corrupt("state", e))
+}
+
+pub fn principal(text: String) -> Result<Principal, StoreError> {
+    Principal::new(text).map_err(|e| corrupt("principal", e))
+}
+
+pub fn owner(text: Option<String>) -> Result<Option<OwnerId>, StoreError> {
+    text.map(OwnerId::new)
+        .transpose()
+        .map_err(|e| corrupt("owner", e))
+}
+
+/// A stored tier.
+pub fn tier(text: &str) -> Result<Tier, StoreError> {
+    text.parse().map_err(|e: String| corrupt("tier", e))
+}
+
+/// Result headers as stored: a JSON array of `[name, value]` pairs, order kept.
+pub fn headers_json(headers: &[(String, String)]) -> String {
+    serde_json::to_string(headers).expect("string pairs always serialize")
+}
+
+/// The stored result: one exists iff a status was stored; the other parts default to
+/// empty.
+pub fn stored_result(
+    status: Option<i64>,
+    headers: Option<&str>,
+    body: Option<Vec<u8>>,
+    result_ref: Option<String>,
+) -> Result<Option<StoredResult>, StoreError> {
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    Ok(Some(StoredResult {
+        status: u16::try_from(status).map_err(|e| corrupt("result status", e))?,
+        headers: match headers {
+            None => Vec::new(),
+            Some(text) => serde_json::from_str(text).map_err(|e| corrupt("result headers", e))?,
+        },
+        body: body.unwrap_or_default(),
+        result_ref,
+    }))
+}
+
+/// The columns of an idempotency record.
+#[derive(Debug, Clone, Default)]
+pub struct RecordRow {
+    pub tenant_id: String,
+    pub key: String,
+    pub principal: String,
+    pub fingerprint: Vec<u8>,
+    pub state: String,
+    pub version: i64,
+    pub owner: Option<String>,
+    pub lease_expires_at: Option<Millis>,
+    pub result_status: Option<i64>,
+    pub result_headers: Option<String>,
+    pub result_body: Option<Vec<u8>>,
+    pub result_ref: Option<String>,
+    pub attempts: i32,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    pub completed_at: Option<Millis>,
+}
+
+impl RecordRow {
+    pub fn decode(self) -> Result<Record, StoreError> {
+        Ok(Record {
+            tenant: TenantId::new(self.tenant_id).map_err(|e| corrupt("tenant", e))?,
+            key: IdempotencyKey::from_stored(self.key).map_err(|e| corrupt("key", e))?,
+            principal: principal(self.principal)?,
+            fingerprint: fingerprint(self.fingerprint)?,
+            state: state(&self.state)?,
+            version: self.version,
+            owner: owner(self.owner)?,
+            lease_expires_at: self.lease_expires_at,
+            result: stored_result(
+                self.result_status,
+                self.result_headers.as_deref(),
+                self.result_body,
+                self.result_ref,
+            )?,
+            attempts: self.attempts,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            completed_at: self.completed_at,
+        })
+    }
+}
+
+/// The columns of an archive row.
+#[derive(Debug, Clone, Default)]
+pub struct ArchiveRow {
+    pub tenant_id: String,
+    pub key_digest: Vec<u8>,
+    pub fingerprint: Vec<u8>,
+    pub result_digest: Option<Vec<u8>>,
+    pub result_ref: Option<String>,
+    pub state: String,
+    pub status: Option<i64>,
+    pub first_processed_at: Millis,
+    pub completed_at: Option<Millis>,
+    pub archived_at: Millis,
+}
+
+impl ArchiveRow {
+    pub fn decode(self) -> Result<ArchivedRecord, StoreError> {
+        Ok(ArchivedRecord {
+            tenant: TenantId::new(self.tenant_id).map_err(|e| corrupt("archive tenant", e))?,
+            key_digest: digest("archive key digest", self.key_digest)?,
+            fingerprint: fingerprint(self.fingerprint)?,
+            result_digest: self
+                .result_digest
+                .map(|d| digest("archive result digest", d))
+                .transpose()?,
+            result_ref: self.result_ref,
+            state: state(&self.state)?,
+            status: self
+                .status
+                .map(u16::try_from)
+                .transpose()
+                .map_err(|e| corrupt("archive status", e))?,
+            first_processed_at: self.first_processed_at,
+            completed_at: self.completed_at,
+            archived_at: self.archived_at,
+        })
+    }
+}
+
+/// The columns of a lease row (the name is the caller's: it asked for it).
+#[derive(Debug, Clone, Default)]
+pub struct LeaseRow {
+    pub owner: String,
+    pub token: i64,
+    pub acquired_at: Millis,
+    pub expires_at: Millis,
+    pub renewals: i64,
+}
+
+impl LeaseRow {
+    pub fn decode(self, name: &LeaseName) -> Result<Lease, LeaseError> {
+        Ok(Lease {
+            name: name.clone(),
+            owner: OwnerId::new(self.owner).map_err(|e| corrupt_lease("owner", e))?,
+            token: FencingToken::new(self.token),
+            acquired_at: self.acquired_at,
+            expires_at: self.expires_at,
+            renewals: u32::try_from(self.renewals).map_err(|e| corrupt_lease("renewals", e))?,
+        })
+    }
+}
+
+/// The columns of a lease event.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseEventRow {
+    pub kind: String,
+    pub at: Millis,
+    pub owner: Option<String>,
+    pub token: Option<i64>,
+    pub acquired_at: Option<Millis>,
+    pub expires_at: Option<Millis>,
+    pub detail: Option<String>,
+}
+
+impl LeaseEventRow {
+    pub fn decode(self, name: &LeaseName) -> Result<LeaseEvent, LeaseError> {
+        Ok(LeaseEvent {
+            name: name.clone(),
+            kind: self.kind.parse().map_err(|e| corrupt_lease("kind", e))?,
+            at: self.at,
+            owner: self
+                .owner
+                .map(OwnerId::new)
+                .transpose()
+                .map_err(|e| corrupt_lease("owner", e))?,
+            token: self.token.map(FencingToken::new),
+            acquired_at: self.acquired_at,
+            expires_at: self.expires_at,
+            detail: self.detail,
+        })
+    }
+}
+
+/// What one read of a name sees: the store time, its lease row (live or expired) and the
+/// last token granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSnapshot {
+    pub now: Millis,
+    pub lease: Option<Lease>,
+    pub last_token: Option<FencingToken>,
+}
+
+impl LeaseSnapshot {
+    /// From the read: `lease` is the row when one was found, `last_token` is 0 when no
+    /// token was ever granted.
+    pub fn decode(
+        name: &LeaseName,
+        now: Millis,
+        lease: Option<LeaseRow>,
+        last_token: i64,
+    ) -> Result<Self, LeaseError> {
+        Ok(Self {
+            now,
+            lease: lease.map(|row| row.decode(name)).transpose()?,
+            last_token: (last_token > 0).then_some(FencingToken::new(last_token)),
+        })
+    }
+
+    /// The live lease, if any: an expired one holds nothing.
+    pub fn holder(&self) -> Option<&Lease> {
+        self.lease.as_ref().filter(|l| l.is_live(self.now))
+    }
+}
+
+/// Whether `owner` with `token` holds `lease`, live at `now`: the compare-and-set every
+/// renew and release makes.
+pub fn holds(lease: &Lease, owner: &OwnerId, token: FencingToken, now: Millis) -> bool {
+    lease.owner == *owner && lease.token == token && lease.is_live(now)
+}
+
+/// A fenced resource needs a name.
+pub fn check_resource(resource: &str) -> Result<(), LeaseError> {
+    if resource.is_empty() {
+        return Err(LeaseError::InvalidInput(
+            "fenced resource name is empty".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A write the fence of `resource` refused at store time `now`, `last` being the token
+/// it had accepted: the evidence to record under the lease's name, and the caller's error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRefusal {
+    pub event: LeaseEvent,
+    pub fenced: Fenced,
+}
+
+impl FenceRefusal {
+    pub fn new(resource: &str, lease: &Lease, last: FencingToken, now: Millis) -> Self {
+        Self {
+            event: LeaseEvent::of_caller(
+                LeaseEventKind::FencedWriteRejected,
+                now,
+                &lease.name,
+                &lease.owner,
+                lease.token,
+            )
+            .with_detail(format!("resource {resource} accepted token {last}")),
+            fenced: Fenced {
+                resource: resource.to_owned(),
+                name: lease.name.clone(),
+                owner: lease.owner.clone(),
+                token: lease.token,
+                last_accepted: last,
+            },
+        }
+    }
+}
+
+/// The future a fenced write's closure returns; it borrows the transaction's connection.
+pub type FencedWriteFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
+
+/// A store's part of [`fenced_write`]; the order of the steps is fixed there.
+pub trait FenceSteps: Sync {
+    /// The writing transaction.
+    type Tx: Send;
+    /// What the caller's write runs on.
+    type Conn: ?Sized + Send;
+
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, LeaseError>> + Send;
+
+    /// Presents `lease` to the fence of `resource` in `tx`: `None` when its token passes
+    /// ([`crate::lease::fence_accepts`]; the fence then remembers it when `tx` commits),
+    /// otherwise `Some((last accepted token, store time))` and nothing written.
+    fn take<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        resource: &'a str,
+        lease: &'a Lease,
+    ) -> impl Future<Output = Result<Option<(FencingToken, Millis)>, LeaseError>> + Send + 'a;
+
+    fn conn(tx: &mut Self::Tx) -> &mut Self::Conn;
+
+    fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), LeaseError>> + Send;
+
+    fn rollback(tx: Self::Tx) -> impl Future<Output = Result<(), LeaseError>> + Send;
+
+    /// Records the refusal in a commit of its own (the write's transaction is gone, the
+    /// evidence must not be), and logs it. A failure to record is logged, not returned:
+    /// the write is refused either way and the caller must learn why.
+    fn refused<'a>(&'a self, refusal: &'a FenceRefusal) -> impl Future<Output = ()> + Send + 'a;
+}
+
+/// Runs `write` in one transaction with the fence of `resource`, only if `lease`'s token
+/// passes it; the fence then remembers the token and commits with the write. An older
+/// token gets `LeaseError::Fenced` (converted into `E`), nothing of the write runs, and a
+/// `fenced_write_rejected` event is recorded. An error from `write` rolls everything
+/// back, the fence included.
+pub async fn fenced_write<S, T, E, F>(
+    steps: &S,
+    resource: &str,
+    lease: &Lease,
+    write: F,
+) -> Result<T, E>
+where
+    S: FenceSteps,
+    E: From<LeaseError>,
+    F: for<'c> FnOnce(&'c mut S::Conn) -> FencedWriteFuture<'c, T, E>,
+{
+    check_resource(resource)?;
+    let mut tx = steps.begin().await?;
+    match steps.take(&mut tx, resource, lease).await? {
+        None => {
+            let out = write(S::conn(&mut tx)).await?;
+            S::commit(tx).await?;
+            Ok(out)
+        }
+        Some((last, now)) => {
+            S::rollback(tx).await?;
+            let refusal = FenceRefusal::new(resource, lease, last, now);
+            steps.refused(&refusal).await;
+            Err(LeaseError::from(refusal.fenced).into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record_row() -> RecordRow {
+        RecordRow {
+            tenant_id: "t".into(),
+            key: "k".into(),
+            principal: "p".into(),
+            fingerprint: vec![7; 32],
+            state: "SUCCEEDED".into(),
+            version: 2,
+            owner: Some("o".into()),
+            result_status: Some(201),
+            result_headers: Some(r#"[["content-type","application/json"]]"#.into()),
+            result_body: None,
+            result_ref: Some("order-1".into()),
+            attempts: 1,
+            created_at: 1,
+            updated_at: 2,
+            completed_at: Some(2),
+            ..RecordRow::default()
+        }
+    }
+
+    #[test]
+    fn records_decode_and_refuse_corruption() {
+        let rec = record_row().decode().unwrap();
+        assert_eq!(rec.state, RecordState::Succeeded);
+        let result = rec.result.unwrap();
+        assert_eq!(result.status, 201);
+        assert_eq!(result.headers[0].0, "content-type");
+        assert!(result.body.is_empty());
+
+        let no_result = RecordRow {
+            result_status: None,
+            ..record_row()
+        };
+        assert_eq!(no_result.decode().unwrap().result, None);
+        for bad in [
+            RecordRow {
+                fingerprint: vec![1; 31],
+                ..record_row()
+            },
+            RecordRow {
+                state: "DONE".into(),
+                ..record_row()
+            },
+            RecordRow {
+                result_status: Some(70_000),
+                ..record_row()
+            },
+            RecordRow {
+                result_headers: Some("{".into()),
+                ..record_row()
+            },
+            RecordRow {
+                tenant_id: String::new(),
+                ..record_row()
+            },
+        ] {
+            let err = bad.decode().unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::Backend, "{err}");
+        }
+    }
+
+    #[test]
+    fn headers_round_trip() {
+        let h = vec![("a".to_string(), "1".to_string()), ("b".into(), "2".into())];
+        let back = stored_result(Some(200), Some(&headers_json(&h)), None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.headers, h);
+    }
+
+    #[test]
+    fn archive_rows_check_their_digests() {
+        let row = ArchiveRow {
+            tenant_id: "t".into(),
+            key_digest: vec![1; 16],
+            fingerprint: vec![2; 32],
+            result_digest: Some(vec![3; 16]),
+            state: "FAILED_TERMINAL".into(),
+            status: Some(500),
+            ..ArchiveRow::default()
+        };
+        let a = row.clone().decode().unwrap();
+        assert_eq!(a.result_digest, Some([3; 16]));
+        assert_eq!(a.status, Some(500));
+        let bad = ArchiveRow {
+            key_digest: vec![1; 15],
+            ..row
+        };
+        assert!(bad.decode().is_err());
+        assert_eq!(tier("dispute").unwrap(), Tier::Dispute);
+        assert!(tier("cold").is_err());
+    }
+
+    #[test]
+    fn leases_and_snapshots() {
+        let name = LeaseName::new("n").unwrap();
+        let row = LeaseRow {
+            owner: "a".into(),
+            token: 3,
+            acquired_at: 10,
+            expires_at: 20,
+            renewals: 1,
+        };
+        let snap = LeaseSnapshot::decode(&name, 15, Some(row.clone()), 3).unwrap();
+        let holder = snap.holder().unwrap();
+        assert!(holds(
+            holder,
+            &OwnerId::new("a").unwrap(),
+            FencingToken::new(3),
+            15
+        ));
+        assert!(!holds(
+            holder,
+            &OwnerId::new("a").unwrap(),
+            FencingToken::new(2),
+            15
+        ));
+        let later = LeaseSnapshot::decode(&name, 20, Some(row.clone()), 3).unwrap();
+        assert!(later.holder().is_none(), "expired at its deadline");
+        let never = LeaseSnapshot::decode(&name, 20, None, 0).unwrap();
+        assert_eq!(never.last_token, None);
+        let bad = LeaseRow {
+            renewals: -1,
+            ..row
+        };
+        assert!(bad.decode(&name).is_err());
+        let event = LeaseEventRow {
+            kind: "released".into(),
+            token: Some(3),
+            ..LeaseEventRow::default()
+        }
+        .decode(&name)
+        .unwrap();
+        assert_eq!(event.kind, LeaseEventKind::Released);
+        assert!(LeaseEventRow::default().decode(&name).is_err());
+    }
+
+    #[test]
+    fn refusals_carry_evidence() {
+        let lease = LeaseRow {
+            owner: "a".into(),
+            token: 2,
+            ..LeaseRow::default()
+        }
+        .decode(&LeaseName::new("n").unwrap())
+        .unwrap();
+        let r = FenceRefusal::new("res", &lease, FencingToken::new(5), 9);
+        assert_eq!(r.event.kind, LeaseEventKind::FencedWriteRejected);
+        assert_eq!(r.event.at, 9);
+        assert_eq!(r.fenced.last_accepted, FencingToken::new(5));
+        assert!(check_resource("").is_err());
+    }
+}

@@ -1,0 +1,285 @@
+//! The inventory ledger: each show's stock per tenant and the one hold each order
+//! takes from it.
+//!
+//! Owns the `inventory` and `inventory_holds` statements. Taking stock is one atomic
+//! statement; a release records the fencing token and owner that wrote it. It must not
+//! take leases or decide who may release (the caller writes through the fence), and
+//! never deletes a hold.
+
+use serde::{Deserialize, Serialize};
+
+use super::new_id;
+use crate::db::{sql, Conn, Row};
+use crate::error::Error;
+
+/// A show's stock, per tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Show {
+    pub show_id: String,
+    pub title: String,
+    pub capacity: i64,
+    pub available: i64,
+    pub per_order_limit: i64,
+    pub price_cents: i64,
+}
+
+/// A show to create at startup (or through the admin API) if it does not exist yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShowSeed {
+    pub show_id: String,
+    pub title: String,
+    pub capacity: i64,
+    pub per_order_limit: i64,
+    pub price_cents: i64,
+}
+
+impl ShowSeed {
+    /// Show ids name leases and fences (`inventory:{tenant}:{show}`): 1 to 64 of
+    /// `A-Z a-z 0-9 . _ -`. Capacity and price are not negative; the limit is positive.
+    pub fn check(&self) -> Result<(), Error> {
+        let id_ok = !self.show_id.is_empty()
+            && self.show_id.len() <= 64
+            && self
+                .show_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !id_ok {
+            return Err(Error::InvalidInput(format!(
+                "show id {:?}: 1 to 64 of A-Z a-z 0-9 . _ -",
+                self.show_id
+            )));
+        }
+        if self.capacity < 0 || self.per_order_limit < 1 || self.price_cents < 0 {
+            return Err(Error::InvalidInput(
+                "capacity >= 0, per_order_limit >= 1, price_cents >= 0".into(),
+            ));
+        }
+        if self.title.is_empty() || self.title.len() > 200 {
+            return Err(Error::InvalidInput("title: 1 to 200 bytes".into()));
+        }
+        Ok(())
+    }
+
+    /// The flash-sale catalogue every tenant gets by default (S-204 is the incident's).
+    pub fn default_catalogue() -> Vec<ShowSeed> {
+        vec![
+            ShowSeed {
+                show_id: "S-204".into(),
+                title: "Flash sale: S-204".into(),
+                capacity: 10_000,
+                per_order_limit: 6,
+                price_cents: 68_000,
+            },
+            ShowSeed {
+                show_id: "S-101".into(),
+                title: "Matinee: S-101".into(),
+                capacity: 500,
+                per_order_limit: 4,
+                price_cents: 28_000,
+            },
+        ]
+    }
+}
+
+fn show_from(row: &Row) -> Result<Show, Error> {
+    Ok(Show {
+        show_id: row.text("show_id")?,
+        title: row.text("title")?,
+        capacity: row.int("capacity")?,
+        available: row.int("available")?,
+        per_order_limit: row.int("per_order_limit")?,
+        price_cents: row.int("price_cents")?,
+    })
+}
+
+/// Creates the show if absent; an existing show is left as it is. Returns the show.
+pub(crate) async fn seed_show(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    seed: &ShowSeed,
+    now: i64,
+) -> Result<Show, Error> {
+    c.execute(
+        sql(
+            "INSERT INTO inventory (tenant_id, show_id, title, capacity, available, \
+               per_order_limit, price_cents, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $7) \
+             ON CONFLICT (tenant_id, show_id) DO NOTHING",
+        )
+        .bind(tenant)
+        .bind(&seed.show_id)
+        .bind(&seed.title)
+        .bind(seed.capacity)
+        .bind(seed.per_order_limit)
+        .bind(seed.price_cents)
+        .bind(now),
+    )
+    .await?;
+    show(c, tenant, &seed.show_id)
+        .await?
+        .ok_or_else(|| Error::Backend("seeded show vanished".into()))
+}
+
+pub(crate) async fn show(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    show_id: &str,
+) -> Result<Option<Show>, Error> {
+    c.optional(
+        sql(
+            "SELECT show_id, title, capacity, available, per_order_limit, price_cents \
+             FROM inventory WHERE tenant_id = $1 AND show_id = $2",
+        )
+        .bind(tenant)
+        .bind(show_id),
+    )
+    .await?
+    .as_ref()
+    .map(show_from)
+    .transpose()
+}
+
+/// Takes `quantity` from the show's stock if that much is left (one atomic statement).
+pub(crate) async fn take_stock(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    show_id: &str,
+    quantity: i64,
+    now: i64,
+) -> Result<bool, Error> {
+    Ok(c.execute(
+        sql(
+            "UPDATE inventory SET available = available - $3, updated_at = $4 \
+             WHERE tenant_id = $1 AND show_id = $2 AND available >= $3",
+        )
+        .bind(tenant)
+        .bind(show_id)
+        .bind(quantity)
+        .bind(now),
+    )
+    .await?
+        == 1)
+}
+
+/// One inventory hold (voucher) per order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub hold_id: String,
+    pub order_id: String,
+    pub show_id: String,
+    pub quantity: i64,
+    /// `held` or `released`.
+    pub status: String,
+    pub created_at: i64,
+    pub released_at: Option<i64>,
+    /// The fencing token the release was written with.
+    pub release_token: Option<i64>,
+    pub release_owner: Option<String>,
+}
+
+fn hold_from(row: &Row) -> Result<Hold, Error> {
+    Ok(Hold {
+        hold_id: row.text("hold_id")?,
+        order_id: row.text("order_id")?,
+        show_id: row.text("show_id")?,
+        quantity: row.int("quantity")?,
+        status: row.text("status")?,
+        created_at: row.int("created_at")?,
+        released_at: row.opt_int("released_at")?,
+        release_token: row.opt_int("release_token")?,
+        release_owner: row.opt_text("release_owner")?,
+    })
+}
+
+pub(crate) async fn insert_hold(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    order_id: &str,
+    show_id: &str,
+    quantity: i64,
+    now: i64,
+) -> Result<Hold, Error> {
+    let hold_id = new_id("hold");
+    c.execute(
+        sql(
+            "INSERT INTO inventory_holds (hold_id, tenant_id, order_id, show_id, quantity, \
+               status, created_at) VALUES ($1, $2, $3, $4, $5, 'held', $6)",
+        )
+        .bind(&hold_id)
+        .bind(tenant)
+        .bind(order_id)
+        .bind(show_id)
+        .bind(quantity)
+        .bind(now),
+    )
+    .await?;
+    Ok(Hold {
+        hold_id,
+        order_id: order_id.to_owned(),
+        show_id: show_id.to_owned(),
+        quantity,
+        status: "held".into(),
+        created_at: now,
+        released_at: None,
+        release_token: None,
+        release_owner: None,
+    })
+}
+
+pub(crate) async fn hold_of(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    order_id: &str,
+) -> Result<Option<Hold>, Error> {
+    const Q: &str = "SELECT hold_id, order_id, show_id, quantity, status, created_at, \
+         released_at, release_token, release_owner \
+         FROM inventory_holds WHERE tenant_id = $1 AND order_id = $2";
+    c.optional(sql(Q).bind(tenant).bind(order_id))
+        .await?
+        .as_ref()
+        .map(hold_from)
+        .transpose()
+}
+
+/// Releases the order's hold (held → released) and returns its quantity to the show's
+/// stock, recording the fencing token and owner that did it. False when the hold was
+/// already released (nothing changes).
+pub(crate) async fn release_hold(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    order_id: &str,
+    token: i64,
+    owner: &str,
+    now: i64,
+) -> Result<bool, Error> {
+    let released = c
+        .optional(
+            sql(
+                "UPDATE inventory_holds SET status = 'released', released_at = $3, \
+                   release_token = $4, release_owner = $5 \
+                 WHERE tenant_id = $1 AND order_id = $2 AND status = 'held' \
+                 RETURNING show_id, quantity",
+            )
+            .bind(tenant)
+            .bind(order_id)
+            .bind(now)
+            .bind(token)
+            .bind(owner),
+        )
+        .await?;
+    let Some(row) = released else {
+        return Ok(false);
+    };
+    c.execute(
+        sql(
+            "UPDATE inventory SET available = available + $3, updated_at = $4 \
+             WHERE tenant_id = $1 AND show_id = $2",
+        )
+        .bind(tenant)
+        .bind(row.text("show_id")?)
+        .bind(row.int("quantity")?)
+        .bind(now),
+    )
+    .await?;
+    Ok(true)
+}

@@ -1,0 +1,91 @@
+//! The four ledgers — orders, payments, inventory, messages — as rows and the statements
+//! that read and write them. Written once, in the SQL both backends accept.
+//!
+//! Owns the row shapes and every statement on the ledger tables. Every status write is a
+//! compare-and-set on the status the caller read, and asks [`crate::machine::transition`]
+//! first. It must not decide business policy (limits, freezes, who may do what: that is
+//! [`crate::service`]), must not open or commit transactions (callers pass a `Conn`),
+//! and never deletes a row: cancelling, refunding and releasing are updates that keep
+//! the history.
+//!
+//! One file per ledger — `orders` (with transitions and tickets), `inventory`,
+//! `payments`, `messages` — re-exported here; this file keeps the shared helpers and
+//! the row counts across all of them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::db::{sql, Conn};
+use crate::error::Error;
+
+mod inventory;
+mod messages;
+mod orders;
+mod payments;
+
+pub(crate) use inventory::{hold_of, insert_hold, release_hold, seed_show, show, take_stock};
+pub use inventory::{Hold, Show, ShowSeed};
+pub(crate) use messages::{
+    count_publish_failure, due_deliveries, emit, enqueue_delivery, mark_processed, mark_published,
+    messages_of, pending_by_consumer, processed, settle_delivery, unpublished, wake_deliveries,
+};
+pub use messages::{topics, Message};
+pub(crate) use orders::{
+    insert_order, insert_ticket, list_orders, move_order, order, ticket_of, transitions, Actor,
+    MoveError,
+};
+pub use orders::{Order, OrderFilter, Ticket, Transition};
+pub use payments::Payment;
+pub(crate) use payments::{payments_of, record_payment};
+
+/// A fresh, time-ordered id with a readable prefix (`ord_…`, `pay_…`).
+pub(crate) fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+}
+
+pub(crate) fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// How many rows a tenant has in each ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerCounts {
+    pub orders: i64,
+    pub charges: i64,
+    pub refunds: i64,
+    pub holds_held: i64,
+    pub holds_released: i64,
+    pub tickets: i64,
+    pub messages: i64,
+    pub messages_unpublished: i64,
+    /// Calls the provider simulator received for this tenant.
+    pub provider_calls: i64,
+}
+
+pub(crate) async fn counts(c: &mut Conn<'_>, tenant: &str) -> Result<LedgerCounts, Error> {
+    let row = c
+        .one(
+            sql("SELECT \
+                   (SELECT COUNT(*) FROM orders WHERE tenant_id = $1) AS orders, \
+                   (SELECT COUNT(*) FROM payments WHERE tenant_id = $1 AND kind = 'charge') AS charges, \
+                   (SELECT COUNT(*) FROM payments WHERE tenant_id = $1 AND kind = 'refund') AS refunds, \
+                   (SELECT COUNT(*) FROM inventory_holds WHERE tenant_id = $1 AND status = 'held') AS held, \
+                   (SELECT COUNT(*) FROM inventory_holds WHERE tenant_id = $1 AND status = 'released') AS released, \
+                   (SELECT COUNT(*) FROM tickets WHERE tenant_id = $1) AS tickets, \
+                   (SELECT COUNT(*) FROM outbox_messages WHERE tenant_id = $1) AS messages, \
+                   (SELECT COUNT(*) FROM outbox_messages WHERE tenant_id = $1 AND published_at IS NULL) AS unpublished, \
+                   (SELECT CAST(COALESCE(SUM(calls), 0) AS BIGINT) FROM psp_operations WHERE tenant_id = $1) AS calls")
+            .bind(tenant),
+        )
+        .await?;
+    Ok(LedgerCounts {
+        orders: row.int("orders")?,
+        charges: row.int("charges")?,
+        refunds: row.int("refunds")?,
+        holds_held: row.int("held")?,
+        holds_released: row.int("released")?,
+        tickets: row.int("tickets")?,
+        messages: row.int("messages")?,
+        messages_unpublished: row.int("unpublished")?,
+        provider_calls: row.int("calls")?,
+    })
+}

@@ -1,0 +1,307 @@
+//! The facade over real stores: a SQLite file, a PostgreSQL schema per test, a Redis key
+//! prefix per test. The SQL scenarios are written once and run on both SQL backends.
+
+use std::time::Duration;
+
+use idem_conformance::{fresh_tenant, request, result, skip_or_fail};
+use idem_core::{Acquire, Claim, ErrorKind, Finish, LeaseName, OwnerId, RecordState, StoreError};
+use idem_sql::{sql, Backend, OpenOptions, SqlStore, Store};
+
+const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+fn pg_url() -> String {
+    std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| PG_URL.into())
+}
+
+fn redis_url() -> String {
+    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| REDIS_URL.into())
+}
+
+fn run_id() -> String {
+    uuid::Uuid::now_v7().simple().to_string()
+}
+
+/// A PostgreSQL schema of the test's own, dropped at the end.
+struct PgSchema {
+    store: SqlStore,
+    schema: String,
+}
+
+impl PgSchema {
+    async fn open() -> Option<Self> {
+        let schema = format!("idem_sql_t_{}", run_id());
+        let options = OpenOptions {
+            pg_schema: Some(schema.clone()),
+            pg_max_connections: Some(4),
+            ..OpenOptions::default()
+        };
+        match SqlStore::open(&pg_url(), &options).await {
+            Ok(store) => Some(Self { store, schema }),
+            Err(e) if e.is_unavailable() => {
+                skip_or_fail("PostgreSQL", &e);
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    async fn drop_schema(self) {
+        let pg = self.store.postgres().expect("a PostgreSQL store");
+        sqlx::query(&format!(
+            "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.schema
+        ))
+        .execute(pg.pool())
+        .await
+        .unwrap();
+    }
+}
+
+async fn sqlite() -> (SqlStore, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = Store::open(&url, &OpenOptions::default()).await.unwrap();
+    assert_eq!(store.backend(), Backend::Sqlite);
+    assert!(store.retention().is_some() && store.archive().is_some());
+    (store.sql().expect("a SQL store").clone(), dir)
+}
+
+const TABLE: &str = "CREATE TABLE IF NOT EXISTS facade_items (\
+    id TEXT PRIMARY KEY, n BIGINT, note TEXT, done BIGINT NOT NULL DEFAULT 0)";
+
+/// Claim, business write and finish commit together; a rolled-back transaction leaves
+/// neither the record nor the row.
+async fn claim_write_finish_commit_together(db: &SqlStore) {
+    let mut tx = db.begin().await.unwrap();
+    tx.advisory_lock("idem-sql-facade-test").await.unwrap();
+    tx.conn().execute_script(TABLE).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let tenant = fresh_tenant();
+    let req = request(&tenant, "k-1", "p", "owner-a");
+    let mut tx = db.begin().await.unwrap();
+    let Claim::Proceed(token) = db.claim_in_tx(&mut tx, &req).await.unwrap() else {
+        panic!("a fresh key proceeds");
+    };
+    let id = format!("{tenant}-1");
+    let n = tx
+        .conn()
+        .execute(
+            sql("INSERT INTO facade_items (id, n, note) VALUES ($1, $2, $3)")
+                .bind(id.as_str())
+                .bind(7)
+                .bind(None::<String>),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let finish = Finish {
+        state: RecordState::Succeeded,
+        result: Some(result("done")),
+    };
+    let record = db.finish_in_tx(&mut tx, &token, finish).await.unwrap();
+    assert_eq!(record.state, RecordState::Succeeded);
+    tx.commit().await.unwrap();
+    let stored = db.records().get(&req.scope).await.unwrap().unwrap();
+    assert_eq!(stored.state, RecordState::Succeeded);
+
+    // Rolled back: neither the claim nor the row stays.
+    let other = request(&tenant, "k-2", "p", "owner-a");
+    let mut tx = db.begin().await.unwrap();
+    assert!(matches!(
+        db.claim_in_tx(&mut tx, &other).await.unwrap(),
+        Claim::Proceed(_)
+    ));
+    tx.conn()
+        .execute(sql("INSERT INTO facade_items (id) VALUES ($1)").bind(format!("{tenant}-2")))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(db.records().get(&other.scope).await.unwrap(), None);
+
+    // Reads: typed NULLs, streaming, the accessors.
+    let mut conn = db.acquire().await.unwrap();
+    let mut c = conn.conn();
+    let rows = c
+        .all(
+            sql("SELECT id, n, note FROM facade_items WHERE ($1 IS NULL OR id = $1) ORDER BY id")
+                .bind(Some(id.clone())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].text("id").unwrap(), id);
+    assert_eq!(rows[0].int("n").unwrap(), 7);
+    assert_eq!(rows[0].opt_text("note").unwrap(), None);
+    assert!(
+        rows[0].text("note").is_err(),
+        "NULL where a value is required"
+    );
+    let q = sql("SELECT id FROM facade_items WHERE id LIKE $1").bind(format!("{tenant}%"));
+    let streamed: Vec<_> = futures::TryStreamExt::try_collect::<Vec<_>>(c.fetch(&q))
+        .await
+        .unwrap();
+    assert_eq!(streamed.len(), 1);
+    let row = c
+        .one(
+            sql("SELECT EXISTS (SELECT 1 FROM facade_items WHERE id = $1) AS found")
+                .bind(id.as_str()),
+        )
+        .await
+        .unwrap();
+    assert!(row.bool("found").unwrap());
+    assert!(c
+        .optional(sql("SELECT id FROM facade_items WHERE id = $1").bind("absent"))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(db.has_table("facade_items").await.unwrap());
+    assert!(!db.has_table("no_such_table").await.unwrap());
+}
+
+/// The fenced write: a current token writes, an older one is refused with nothing
+/// written and the refusal recorded.
+async fn fenced_writes(db: &SqlStore) {
+    let leases = db.leases();
+    let name = LeaseName::new(format!("facade-{}", run_id())).unwrap();
+    let resource = format!("resource-{name}");
+    let ttl = Duration::from_secs(30);
+    let Acquire::Granted(first) = leases
+        .try_acquire(&name, &OwnerId::new("a").unwrap(), ttl)
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh name is granted");
+    };
+    leases
+        .force_release(&name, "test hands over")
+        .await
+        .unwrap();
+    let second = leases
+        .try_acquire(&name, &OwnerId::new("b").unwrap(), ttl)
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    assert!(second.token > first.token);
+
+    let id = format!("fence-{name}");
+    let wrote = db
+        .fenced_write::<u64, idem_core::LeaseError, _>(&resource, &second, |mut c| {
+            let id = id.clone();
+            Box::pin(async move {
+                c.execute(sql("INSERT INTO facade_items (id, n) VALUES ($1, 1)").bind(id))
+                    .await
+                    .map_err(|e| idem_core::LeaseError::Backend(e.to_string()))
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(wrote, 1);
+    let err = db
+        .fenced_write::<u64, idem_core::LeaseError, _>(&resource, &first, |mut c| {
+            Box::pin(async move {
+                c.execute(sql("UPDATE facade_items SET n = 99"))
+                    .await
+                    .map_err(|e| idem_core::LeaseError::Backend(e.to_string()))
+            })
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_fenced(), "{err}");
+    let mut conn = db.acquire().await.unwrap();
+    let n = conn
+        .conn()
+        .one(sql("SELECT n FROM facade_items WHERE id = $1").bind(id.as_str()))
+        .await
+        .unwrap()
+        .int("n")
+        .unwrap();
+    assert_eq!(n, 1, "the stale write did not run");
+    let events = leases.events(&name, 10).await.unwrap();
+    assert_eq!(
+        events.last().map(|e| e.kind),
+        Some(idem_core::LeaseEventKind::FencedWriteRejected)
+    );
+    let empty = db
+        .fenced_write::<(), idem_core::LeaseError, _>("", &second, |_| Box::pin(async { Ok(()) }))
+        .await
+        .unwrap_err();
+    assert_eq!(empty.kind(), ErrorKind::InvalidInput);
+}
+
+#[tokio::test]
+async fn sqlite_transactions_statements_and_fences() {
+    let (db, _dir) = sqlite().await;
+    assert_eq!(db.schema(), None);
+    claim_write_finish_commit_together(&db).await;
+    fenced_writes(&db).await;
+}
+
+#[tokio::test]
+async fn postgres_transactions_statements_and_fences() {
+    let Some(pg) = PgSchema::open().await else {
+        return;
+    };
+    assert_eq!(pg.store.backend(), Backend::Postgres);
+    assert_eq!(pg.store.schema(), Some(pg.schema.as_str()));
+    claim_write_finish_commit_together(&pg.store).await;
+    fenced_writes(&pg.store).await;
+    pg.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_transaction_of_another_database_is_refused() {
+    let (a, _dir) = sqlite().await;
+    let Some(pg) = PgSchema::open().await else {
+        return;
+    };
+    let mut tx = pg.store.begin().await.unwrap();
+    let req = request(&fresh_tenant(), "k", "p", "o");
+    let err = a.claim_in_tx(&mut tx, &req).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    drop(tx);
+    pg.drop_schema().await;
+}
+
+#[tokio::test]
+async fn redis_has_records_and_leases_only() {
+    let options = OpenOptions {
+        redis_prefix: Some(format!("idem-sql-t-{}", run_id())),
+        ..OpenOptions::default()
+    };
+    let store = match Store::open(&redis_url(), &options).await {
+        Ok(s) => s,
+        Err(e) if e.is_unavailable() => return skip_or_fail("Redis", &e),
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(store.backend(), Backend::Redis);
+    assert!(store.retention().is_none() && store.archive().is_none() && store.sql().is_none());
+    let req = request(&fresh_tenant(), "k", "p", "o");
+    assert!(matches!(
+        store.records().claim(&req).await.unwrap(),
+        Claim::Proceed(_)
+    ));
+    let name = LeaseName::new(format!("facade-{}", run_id())).unwrap();
+    assert!(store
+        .leases()
+        .try_acquire(&name, &OwnerId::new("a").unwrap(), Duration::from_secs(5))
+        .await
+        .unwrap()
+        .granted()
+        .is_some());
+}
+
+#[tokio::test]
+async fn urls_the_sql_store_cannot_open() {
+    let err: StoreError = SqlStore::open("redis://u:secret@h", &OpenOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(!err.to_string().contains("secret"), "{err}");
+    let err = Store::open("mysql://h/db", &OpenOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+}
