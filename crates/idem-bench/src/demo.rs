@@ -29,8 +29,8 @@ use idem_orders::{
     bind, ApiKey, Database, DatabaseOptions, Error, Faults, OrdersOptions, ServeConfig,
     ServiceOptions, SlowCreate,
 };
+use idem_sql::sql;
 use serde::{Deserialize, Serialize};
-use sqlx::Row as _;
 use tokio::time::Instant;
 
 /// What to replay.
@@ -408,50 +408,46 @@ const MESSAGES: &str = "SELECT m.topic, COUNT(*) AS n, \
      FROM outbox_messages m JOIN orders o ON o.order_id = m.order_id \
      WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY m.topic";
 
-/// Reads [`Ledgers`] through `$pool` (a SQLite or a PostgreSQL pool: the statements are
-/// plain SQL both run, so the same code is expanded for each).
-macro_rules! read_ledgers {
-    ($pool:expr, $tenant:expr, $session:expr) => {{
-        let (pool, tenant, session) = ($pool, $tenant, $session);
-        let q = |text: &'static str| sqlx::query(text).bind(tenant).bind(session);
-        let mut orders_by_status = BTreeMap::new();
-        for row in q(ORDERS_BY_STATUS).fetch_all(pool).await? {
-            let n: i64 = row.try_get("n")?;
-            orders_by_status.insert(row.try_get::<String, _>("status")?, n as usize);
-        }
-        let (mut payments, mut refunds, mut charged) = (0, 0, 0);
-        for row in q(PAYMENTS).fetch_all(pool).await? {
-            let n: i64 = row.try_get("n")?;
-            match row.try_get::<String, _>("kind")?.as_str() {
-                "charge" => {
-                    payments = n as usize;
-                    charged = row.try_get("total")?;
-                }
-                _ => refunds = n as usize,
+/// Reads [`Ledgers`] through the facade: the statements are plain SQL both databases
+/// run.
+async fn read_ledgers(db: &Database, tenant: &str, session: &str) -> Result<Ledgers, Error> {
+    let mut pooled = db.store().acquire().await?;
+    let mut conn = pooled.conn();
+    let q = |text: &'static str| sql(text).bind(tenant).bind(session);
+    let mut orders_by_status = BTreeMap::new();
+    for row in conn.all(q(ORDERS_BY_STATUS)).await? {
+        orders_by_status.insert(row.text("status")?, row.int("n")? as usize);
+    }
+    let (mut payments, mut refunds, mut charged) = (0, 0, 0);
+    for row in conn.all(q(PAYMENTS)).await? {
+        let n = row.int("n")? as usize;
+        match row.text("kind")?.as_str() {
+            "charge" => {
+                payments = n;
+                charged = row.int("total")?;
             }
+            _ => refunds = n,
         }
-        let provider_calls: i64 = q(PROVIDER_CALLS).fetch_one(pool).await?.try_get("calls")?;
-        let holds = q(HOLDS).fetch_one(pool).await?;
-        let mut messages_by_topic = BTreeMap::new();
-        let mut unpublished = 0usize;
-        for row in q(MESSAGES).fetch_all(pool).await? {
-            let n: i64 = row.try_get("n")?;
-            let waiting: i64 = row.try_get("waiting")?;
-            messages_by_topic.insert(row.try_get::<String, _>("topic")?, n as usize);
-            unpublished += waiting as usize;
-        }
-        Ledgers {
-            orders_by_status,
-            payments,
-            refunds,
-            charged,
-            provider_calls,
-            holds: holds.try_get("n")?,
-            held_tickets: holds.try_get("tickets")?,
-            messages_by_topic,
-            unpublished,
-        }
-    }};
+    }
+    let provider_calls = conn.one(q(PROVIDER_CALLS)).await?.int("calls")?;
+    let holds = conn.one(q(HOLDS)).await?;
+    let mut messages_by_topic = BTreeMap::new();
+    let mut unpublished = 0usize;
+    for row in conn.all(q(MESSAGES)).await? {
+        messages_by_topic.insert(row.text("topic")?, row.int("n")? as usize);
+        unpublished += row.int("waiting")? as usize;
+    }
+    Ok(Ledgers {
+        orders_by_status,
+        payments,
+        refunds,
+        charged,
+        provider_calls,
+        holds: holds.int("n")?,
+        held_tickets: holds.int("tickets")?,
+        messages_by_topic,
+        unpublished,
+    })
 }
 
 async fn arm_report(
@@ -461,11 +457,7 @@ async fn arm_report(
     session: &str,
     arrivals: Vec<Arrival>,
 ) -> Result<ArmReport, Error> {
-    let ledgers = match (db.sqlite(), db.postgres()) {
-        (Some(s), _) => read_ledgers!(s.pool(), tenant, session),
-        (None, Some(p)) => read_ledgers!(p.pool(), tenant, session),
-        (None, None) => unreachable!("a database is SQLite or PostgreSQL"),
-    };
+    let ledgers = read_ledgers(db, tenant, session).await?;
     let Ledgers {
         orders_by_status,
         payments,

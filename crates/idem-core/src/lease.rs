@@ -144,9 +144,34 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// A lease just granted to `owner` with `token` (no renewals yet).
+    pub fn granted(
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+        acquired_at: Millis,
+        expires_at: Millis,
+    ) -> Self {
+        Self {
+            name: name.clone(),
+            owner: owner.clone(),
+            token,
+            acquired_at,
+            expires_at,
+            renewals: 0,
+        }
+    }
+
     /// Whether the lease is live at store time `now`.
     pub fn is_live(&self, now: Millis) -> bool {
         self.expires_at > now
+    }
+
+    /// This lease renewed at store time `now`: live until `now + ttl`, one renewal more.
+    pub fn renewed(mut self, now: Millis, ttl: Duration) -> Self {
+        self.expires_at = now.saturating_add(crate::retention::millis(ttl));
+        self.renewals += 1;
+        self
     }
 }
 
@@ -198,6 +223,23 @@ pub struct LeaseStatus {
     pub last_token: Option<FencingToken>,
     /// Store time of the read.
     pub now: Millis,
+}
+
+impl LeaseStatus {
+    /// What a read at store time `now` found: `lease` (live or not) and the last token.
+    pub fn of(
+        name: &LeaseName,
+        lease: Option<Lease>,
+        last_token: Option<FencingToken>,
+        now: Millis,
+    ) -> Self {
+        Self {
+            name: name.clone(),
+            holder: lease.filter(|l| l.is_live(now)),
+            last_token,
+            now,
+        }
+    }
 }
 
 /// What happened to a lease. The string forms are stored and shown.
@@ -325,6 +367,19 @@ impl LeaseEvent {
         self.detail = Some(detail.into());
         self
     }
+
+    /// A renew or release refused to a caller that no longer holds the lease
+    /// (`renew_rejected`, `release_owner_mismatch`), naming the live lease, if any.
+    pub fn rejected(
+        kind: LeaseEventKind,
+        at: Millis,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+        current: Option<&Lease>,
+    ) -> Self {
+        Self::of_caller(kind, at, name, owner, token).with_detail(holder_detail(current))
+    }
 }
 
 /// The `detail` every backend records with a rejected renew or an owner-mismatch release.
@@ -346,6 +401,16 @@ pub struct Fenced {
     pub owner: OwnerId,
     pub token: FencingToken,
     pub last_accepted: FencingToken,
+}
+
+impl Fenced {
+    /// The `detail` of the `fenced_write_rejected` event every store records for it.
+    pub fn detail(&self) -> String {
+        format!(
+            "resource {} accepted token {}",
+            self.resource, self.last_accepted
+        )
+    }
 }
 
 impl fmt::Display for Fenced {
@@ -546,6 +611,27 @@ mod tests {
             );
         }
         assert!("nope".parse::<LeaseEventKind>().is_err());
+    }
+
+    #[test]
+    fn leases_events_and_status() {
+        let name = LeaseName::new("n").unwrap();
+        let a = OwnerId::new("a").unwrap();
+        let lease = Lease::granted(&name, &a, FencingToken::new(4), 10, 20);
+        assert_eq!(lease.renewals, 0);
+        let renewed = lease.clone().renewed(15, Duration::from_millis(30));
+        assert_eq!((renewed.expires_at, renewed.renewals), (45, 1));
+
+        let b = OwnerId::new("b").unwrap();
+        let kind = LeaseEventKind::RenewRejected;
+        let e = LeaseEvent::rejected(kind, 15, &name, &b, FencingToken::new(2), Some(&lease));
+        assert_eq!(e.owner.as_ref(), Some(&b));
+        assert_eq!(e.detail.as_deref(), Some("held by a with token 4 until 20"));
+        assert_eq!(e.acquired_at, None);
+
+        let live = LeaseStatus::of(&name, Some(lease.clone()), Some(FencingToken::new(4)), 15);
+        assert_eq!(live.holder, Some(lease.clone()));
+        assert_eq!(LeaseStatus::of(&name, Some(lease), None, 20).holder, None);
     }
 
     #[test]

@@ -311,6 +311,13 @@ pub fn demotion_span(from: Tier, to: Tier) -> Result<(), StoreError> {
     }
 }
 
+/// Checks a demotion batch before a store writes it: the direction (see
+/// [`demotion_span`]), and `false` when the batch is empty and nothing is to be written.
+pub fn demotes(from: Tier, to: Tier, batch: &[Demotion]) -> Result<bool, StoreError> {
+    demotion_span(from, to)?;
+    Ok(!batch.is_empty())
+}
+
 /// A duration in milliseconds, saturating.
 pub fn millis(d: Duration) -> Millis {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -405,6 +412,17 @@ pub struct ScanCursor {
     pub key: String,
 }
 
+impl ScanCursor {
+    /// Where a scan resumes, as `(completed_at, tenant, key)`: strictly after `after`, or
+    /// before every record.
+    pub fn start(after: Option<&ScanCursor>) -> (Millis, &str, &str) {
+        match after {
+            Some(a) => (a.completed_at, a.tenant.as_str(), a.key.as_str()),
+            None => (i64::MIN, "", ""),
+        }
+    }
+}
+
 /// A terminal record due for its next tier, as a scan returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DueRecord {
@@ -433,6 +451,15 @@ pub struct Demotion {
     pub result: Option<StoredResult>,
     /// For Dispute → Archive: the row the archive gets.
     pub archive: Option<ArchivedRecord>,
+}
+
+impl Demotion {
+    /// The archive row of a demotion to the archive, which must carry one.
+    pub fn archive_row(&self) -> Result<&ArchivedRecord, StoreError> {
+        self.archive.as_ref().ok_or_else(|| {
+            StoreError::InvalidInput("an archive demotion needs its archive row".into())
+        })
+    }
 }
 
 /// What the archive keeps of a record.
@@ -544,6 +571,18 @@ impl StaleRecord {
     }
 }
 
+/// The columns a stale scan reads: tenant, key, version, owner, lease deadline.
+pub type StaleColumns = (String, String, i64, Option<String>, Millis);
+
+impl TryFrom<StaleColumns> for StaleRecord {
+    type Error = StoreError;
+    fn try_from(
+        (tenant, key, version, owner, lease_expires_at): StaleColumns,
+    ) -> Result<Self, StoreError> {
+        Self::from_columns(tenant, key, version, owner, lease_expires_at)
+    }
+}
+
 /// Space a tier takes, for the benchmark and operators.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TierUsage {
@@ -552,6 +591,36 @@ pub struct TierUsage {
     /// Average bytes per record as the backend measures them (PostgreSQL:
     /// `pg_column_size` of the row; SQLite: the summed lengths of the stored values).
     pub bytes_per_record: f64,
+}
+
+impl TierUsage {
+    /// Every tier's usage, from the online counts per tier name (`(tier, records, average
+    /// bytes)`; a tier without records is absent) and the archive's `(records, average
+    /// bytes)`.
+    pub fn per_tier(
+        online: &[(String, i64, Option<f64>)],
+        archive: (i64, Option<f64>),
+    ) -> Vec<Self> {
+        Tier::ALL
+            .into_iter()
+            .map(|tier| {
+                let (records, bytes) = if tier == Tier::Archive {
+                    archive
+                } else {
+                    online
+                        .iter()
+                        .find(|(t, _, _)| t == tier.as_str())
+                        .map(|(_, n, b)| (*n, *b))
+                        .unwrap_or((0, None))
+                };
+                TierUsage {
+                    tier,
+                    records: u64::try_from(records).unwrap_or(0),
+                    bytes_per_record: bytes.unwrap_or(0.0),
+                }
+            })
+            .collect()
+    }
 }
 
 /// What an archive expiry removed.
@@ -727,6 +796,54 @@ mod tests {
             assert_eq!(t.as_str().parse::<Tier>(), Ok(t));
         }
         assert_eq!(millis(H), 3_600_000);
+    }
+
+    #[test]
+    fn scans_and_batches() {
+        assert_eq!(ScanCursor::start(None), (i64::MIN, "", ""));
+        let c = ScanCursor {
+            completed_at: 5,
+            tenant: "t".into(),
+            key: "k".into(),
+        };
+        assert_eq!(ScanCursor::start(Some(&c)), (5, "t", "k"));
+
+        assert_eq!(demotes(Tier::Retry, Tier::Dispute, &[]), Ok(false));
+        assert!(demotes(Tier::Replay, Tier::Replay, &[]).is_err());
+        let scope = Scope::new(
+            TenantId::new("t").unwrap(),
+            IdempotencyKey::new("k").unwrap(),
+        );
+        let d = Demotion {
+            scope,
+            version: 1,
+            result: None,
+            archive: None,
+        };
+        assert_eq!(
+            demotes(Tier::Dispute, Tier::Archive, std::slice::from_ref(&d)),
+            Ok(true)
+        );
+        assert!(d.archive_row().is_err());
+
+        let stale = StaleRecord::try_from(("t".into(), "k".into(), 3, None, 9)).unwrap();
+        assert_eq!((stale.version, stale.lease_expires_at), (3, 9));
+        assert!(StaleRecord::try_from((String::new(), "k".into(), 3, None, 9)).is_err());
+
+        let usage = TierUsage::per_tier(&[("replay".into(), 2, Some(10.0))], (1, None));
+        let by_tier: Vec<_> = usage
+            .iter()
+            .map(|u| (u.tier, u.records, u.bytes_per_record))
+            .collect();
+        assert_eq!(
+            by_tier,
+            [
+                (Tier::Retry, 0, 0.0),
+                (Tier::Replay, 2, 10.0),
+                (Tier::Dispute, 0, 0.0),
+                (Tier::Archive, 1, 0.0)
+            ]
+        );
     }
 
     #[test]

@@ -60,6 +60,27 @@ pub struct ClaimToken {
     pub kind: ClaimKind,
 }
 
+impl ClaimToken {
+    /// The token of a claim of `req` that wrote `version`, with its lease deadline and
+    /// attempt number as the store returned them.
+    pub fn of(
+        req: &ClaimRequest,
+        version: i64,
+        lease_expires_at: Millis,
+        attempt: i32,
+        kind: ClaimKind,
+    ) -> Self {
+        Self {
+            scope: req.scope.clone(),
+            owner: req.owner.clone(),
+            version,
+            lease_expires_at,
+            attempt,
+            kind,
+        }
+    }
+}
+
 /// The answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
@@ -115,6 +136,32 @@ pub fn decide(existing: &Record, req: &ClaimRequest, now: Millis) -> Decision {
     }
 }
 
+/// What [`decide`] means for the store: the answer itself when nothing is written, or a
+/// takeover of `existing` to try (a compare-and-set on its version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Answer(Claim),
+    TakeOver { existing: Record, kind: ClaimKind },
+}
+
+/// The decision table applied to an existing record, as the claim's answer: every store
+/// answers replays, mismatches and in-progress claims the same way.
+pub fn verdict(existing: Record, req: &ClaimRequest, now: Millis) -> Verdict {
+    let answer = match decide(&existing, req, now) {
+        Decision::Replay => Claim::Replay(existing),
+        Decision::Mismatch => Claim::Mismatch {
+            state: existing.state,
+        },
+        Decision::InProgress => Claim::InProgress {
+            lease_expires_at: existing.lease_expires_at.unwrap_or(now),
+            owner: existing.owner,
+            now,
+        },
+        Decision::TakeOver(kind) => return Verdict::TakeOver { existing, kind },
+    };
+    Verdict::Answer(answer)
+}
+
 /// How to end a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finish {
@@ -140,6 +187,12 @@ impl Default for StoreLimits {
 impl StoreLimits {
     pub fn check_claim(&self, req: &ClaimRequest) -> Result<(), StoreError> {
         check_lease(req.lease)
+    }
+
+    /// [`check_claim`](Self::check_claim), then the claim's lease in milliseconds.
+    pub fn claim_lease(&self, req: &ClaimRequest) -> Result<Millis, StoreError> {
+        self.check_claim(req)?;
+        lease_millis(req.lease)
     }
 
     pub fn check_finish(&self, finish: &Finish) -> Result<(), StoreError> {
@@ -171,6 +224,13 @@ pub fn check_lease(lease: Duration) -> Result<(), StoreError> {
         )));
     }
     Ok(())
+}
+
+/// A lease checked by [`check_lease`], in milliseconds (the bound keeps it far inside
+/// `i64`).
+pub fn lease_millis(lease: Duration) -> Result<Millis, StoreError> {
+    check_lease(lease)?;
+    Ok(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Backend-neutral kind of a store failure; callers branch on this, never on text.
@@ -375,6 +435,46 @@ mod tests {
             decide(&record(Succeeded, None), &other_principal, 0),
             Decision::Mismatch
         );
+    }
+
+    #[test]
+    fn verdicts_answer_or_take_over() {
+        use RecordState::*;
+        let r = req(b"a");
+        let answer = |rec, now| match verdict(rec, &r, now) {
+            Verdict::Answer(claim) => Some(claim),
+            Verdict::TakeOver { .. } => None,
+        };
+        assert!(matches!(
+            answer(record(Succeeded, None), 0),
+            Some(Claim::Replay(_))
+        ));
+        assert_eq!(
+            answer(record(Processing, Some(100)), 99),
+            Some(Claim::InProgress {
+                owner: Some(OwnerId::new("o1").unwrap()),
+                lease_expires_at: 100,
+                now: 99,
+            })
+        );
+        assert_eq!(
+            verdict(record(Succeeded, None), &req(b"b"), 0),
+            Verdict::Answer(Claim::Mismatch { state: Succeeded })
+        );
+        let Verdict::TakeOver { existing, kind } = verdict(record(FailedRetryable, None), &r, 0)
+        else {
+            panic!("a retryable failure is taken over");
+        };
+        assert_eq!((existing.version, kind), (1, ClaimKind::RetryAfterFailure));
+
+        let token = ClaimToken::of(&r, 2, 500, 2, ClaimKind::Fresh);
+        assert_eq!((&token.scope, &token.owner), (&r.scope, &r.owner));
+        assert_eq!(
+            (token.version, token.lease_expires_at, token.attempt),
+            (2, 500, 2)
+        );
+        assert_eq!(StoreLimits::default().claim_lease(&r), Ok(3000));
+        assert!(lease_millis(MAX_LEASE + Duration::from_millis(1)).is_err());
     }
 
     #[test]

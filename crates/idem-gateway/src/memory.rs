@@ -21,11 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use idem_core::store::check_lease;
+use idem_core::store::{lease_millis, verdict, Verdict};
 use idem_core::{
-    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
-    IdempotencyKey, IdempotencyStore, Millis, Record, RecordState, Scope, StoreError, StoreLimits,
-    TenantId,
+    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyKey,
+    IdempotencyStore, Millis, Record, RecordState, Scope, StoreError, StoreLimits, TenantId,
 };
 
 /// How to build a [`MemoryStore`].
@@ -195,10 +194,6 @@ impl MemoryStore {
     }
 }
 
-fn lease_ms(lease: Duration) -> i64 {
-    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 4)
-}
-
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
     fn backend(&self) -> &'static str {
@@ -206,9 +201,9 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.limits.check_claim(req)?;
+        let lease = self.limits.claim_lease(req)?;
         let now = self.now();
-        let deadline = now + lease_ms(req.lease);
+        let deadline = now + lease;
         let mut st = self.lock();
         st.sweep(now);
         let held = st.bytes;
@@ -238,22 +233,12 @@ impl IdempotencyStore for MemoryStore {
                 },
                 ClaimKind::Fresh,
             ),
-            Some(entry) => match decide(&entry.record, req, now) {
-                Decision::Replay => return Ok(Claim::Replay(entry.record.clone())),
-                Decision::Mismatch => {
-                    return Ok(Claim::Mismatch {
-                        state: entry.record.state,
-                    })
-                }
-                Decision::InProgress => {
-                    return Ok(Claim::InProgress {
-                        owner: entry.record.owner.clone(),
-                        lease_expires_at: entry.record.lease_expires_at.unwrap_or(now),
-                        now,
-                    })
-                }
-                Decision::TakeOver(kind) => {
-                    let mut r = entry.record.clone();
+            Some(entry) => match verdict(entry.record.clone(), req, now) {
+                Verdict::Answer(claim) => return Ok(claim),
+                Verdict::TakeOver {
+                    existing: mut r,
+                    kind,
+                } => {
                     r.state = RecordState::Processing;
                     r.version += 1;
                     r.attempts += 1;
@@ -266,14 +251,7 @@ impl IdempotencyStore for MemoryStore {
                 }
             },
         };
-        let token = ClaimToken {
-            scope: req.scope.clone(),
-            owner: req.owner.clone(),
-            version: record.version,
-            lease_expires_at: deadline,
-            attempt: record.attempts,
-            kind,
-        };
+        let token = ClaimToken::of(req, record.version, deadline, record.attempts, kind);
         st.put(record, deadline + self.window_ms);
         Ok(Claim::Proceed(token))
     }
@@ -302,9 +280,8 @@ impl IdempotencyStore for MemoryStore {
         token: &ClaimToken,
         lease: Duration,
     ) -> Result<Millis, StoreError> {
-        check_lease(lease)?;
         let now = self.now();
-        let deadline = now + lease_ms(lease);
+        let deadline = now + lease_millis(lease)?;
         let mut st = self.lock();
         let entry = st
             .live(&token.scope, now)

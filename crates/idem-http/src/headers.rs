@@ -2,7 +2,7 @@
 //! [`idem_core::wire`], re-exported here), plus the request id a server assigns.
 //!
 //! It must not decide what a missing or invalid key means for a route: that is the
-//! configuration's [`KeyRule`](idem_core::KeyRule).
+//! configuration's [`KeyRule`].
 
 use std::sync::Arc;
 

@@ -78,8 +78,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::lease::{check_reason, check_ttl, fence_accepts, holder_detail};
-use idem_core::row::{holds, FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot};
+use idem_core::lease::{check_ttl, fence_accepts};
+use idem_core::retention::millis;
+use idem_core::row::{
+    FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot, LeaseSteps,
+};
 use idem_core::{
     Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,
     LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
@@ -400,7 +403,7 @@ where
     sqlx::query_as(sql)
         .bind(name.as_str())
         .bind(owner.as_str())
-        .bind(lease_ms(ttl))
+        .bind(millis(ttl))
         .bind(clock.millis())
         .bind(LeaseEventKind::Acquired.as_str())
 }
@@ -421,14 +424,13 @@ fn new_lease(
     owner: &OwnerId,
     (token, acquired_at, expires_at): (i64, i64, i64),
 ) -> Lease {
-    Lease {
-        name: name.clone(),
-        owner: owner.clone(),
-        token: FencingToken::new(token),
+    Lease::granted(
+        name,
+        owner,
+        FencingToken::new(token),
         acquired_at,
         expires_at,
-        renewals: 0,
-    }
+    )
 }
 
 /// The common release in one statement: a compare-and-set ending the caller's live lease
@@ -585,34 +587,6 @@ async fn end_lease(
     Ok(())
 }
 
-/// The live lease; an expired one is recorded as `expired` and ended, so the expiry is
-/// recorded once.
-async fn settle_expired(
-    conn: &mut PgConnection,
-    t: &Tables,
-    lease: Option<Lease>,
-    now: Millis,
-) -> Result<Option<Lease>, LeaseError> {
-    match lease {
-        Some(lease) if !lease.is_live(now) => {
-            record(
-                &mut *conn,
-                t,
-                &LeaseEvent::of_lease(LeaseEventKind::Expired, now, &lease),
-            )
-            .await?;
-            end_lease(conn, t, &lease.name, now).await?;
-            Ok(None)
-        }
-        live => Ok(live),
-    }
-}
-
-fn lease_ms(ttl: Duration) -> i64 {
-    // check_ttl bounds it to 24 h, far inside i64.
-    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
-}
-
 impl PgStore {
     fn lease_tables(&self) -> Tables {
         Tables::of(self.schema.as_deref())
@@ -737,6 +711,93 @@ impl PgStore {
     }
 }
 
+/// This store's part of the lease changes made under the name's lock ([`LeaseSteps`]):
+/// one READ COMMITTED transaction holding the name's counter row, then the lease row
+/// `FOR UPDATE`.
+struct Change<'s> {
+    store: &'s PgStore,
+    t: Tables,
+}
+
+impl<'s> Change<'s> {
+    fn of(store: &'s PgStore) -> Self {
+        Self {
+            store,
+            t: store.lease_tables(),
+        }
+    }
+}
+
+impl LeaseSteps for Change<'_> {
+    type Tx = sqlx::Transaction<'static, Postgres>;
+
+    async fn lock<'a>(
+        &'a self,
+        name: &'a LeaseName,
+    ) -> Result<(Self::Tx, Option<Lease>, Millis), LeaseError> {
+        let mut tx = self.store.begin_lease().await?;
+        lock_name(&mut tx, &self.t, name).await?;
+        let Locked { lease, now, .. } =
+            locked_lease(&mut tx, &self.store.clock, &self.t, name).await?;
+        Ok((tx, lease, now))
+    }
+
+    async fn record<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        event: &'a LeaseEvent,
+    ) -> Result<(), LeaseError> {
+        record(&mut **tx, &self.t, event).await
+    }
+
+    async fn end<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        name: &'a LeaseName,
+        now: Millis,
+    ) -> Result<(), LeaseError> {
+        end_lease(tx, &self.t, name, now).await
+    }
+
+    async fn extend<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        lease: &'a Lease,
+    ) -> Result<(), LeaseError> {
+        sqlx::query(&format!(
+            "UPDATE {leases} SET expires_at = $2, renewals = $3 WHERE name = $1",
+            leases = self.t.leases,
+        ))
+        .bind(lease.name.as_str())
+        .bind(lease.expires_at)
+        .bind(i32::try_from(lease.renewals).unwrap_or(i32::MAX))
+        .execute(&mut **tx)
+        .await
+        .map_err(lerr("lease renew"))?;
+        Ok(())
+    }
+
+    async fn end_held<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        released: &'a LeaseEvent,
+    ) -> Result<(), LeaseError> {
+        end_lease(tx, &self.t, &released.name, released.at).await?;
+        record(&mut **tx, &self.t, released).await
+    }
+
+    fn mismatched(&self, name: &LeaseName, owner: &OwnerId, token: FencingToken, detail: &str) {
+        tracing::warn!(
+            lease = %name, %owner, %token, current = %detail,
+            "owner-mismatch release: the caller no longer held the lease"
+        );
+    }
+
+    async fn commit(tx: Self::Tx) -> Result<(), LeaseError> {
+        tx.commit().await.map_err(lerr("lease commit"))
+    }
+}
+
 /// This store's steps of [`idem_core::row::fenced_write`].
 struct Fence<'s>(&'s PgStore);
 
@@ -824,11 +885,8 @@ impl PgStore {
         // A live holder is answered from a plain read, without the lock: contenders
         // polling a held lease do not queue behind each other.
         let snap = snapshot(&self.pool, &self.clock, &t, name).await?;
-        if let Some(holder) = snap.lease.filter(|l| l.is_live(snap.now)) {
-            return Ok(Acquire::Held {
-                holder,
-                now: snap.now,
-            });
+        if let Some(held) = snap.held() {
+            return Ok(held);
         }
 
         let mut tx = self.begin_lease().await?;
@@ -853,14 +911,8 @@ impl PgStore {
             )
             .await?;
         }
-        let lease = Lease {
-            name: name.clone(),
-            owner: owner.clone(),
-            token: FencingToken::new(prior + 1),
-            acquired_at: now,
-            expires_at: now.saturating_add(lease_ms(ttl)),
-            renewals: 0,
-        };
+        let token = FencingToken::new(prior + 1);
+        let lease = Lease::granted(name, owner, token, now, now.saturating_add(millis(ttl)));
         // One statement: counter, lease row (replacing an expired one) and evidence.
         sqlx::query(&format!(
             "WITH counter AS ( \
@@ -892,103 +944,19 @@ impl PgStore {
         Ok(Acquire::Granted(lease))
     }
 
-    async fn renew_once(
-        &self,
-        name: &LeaseName,
-        owner: &OwnerId,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> Result<Renew, LeaseError> {
-        check_ttl(ttl)?;
-        let t = self.lease_tables();
-        let mut tx = self.begin_lease().await?;
-        lock_name(&mut tx, &t, name).await?;
-        let Locked { lease, now, .. } = locked_lease(&mut tx, &self.clock, &t, name).await?;
-        let answer = match lease {
-            Some(mut lease) if holds(&lease, owner, token, now) => {
-                lease.expires_at = now.saturating_add(lease_ms(ttl));
-                lease.renewals += 1;
-                sqlx::query(&format!(
-                    "UPDATE {leases} SET expires_at = $2, renewals = $3 WHERE name = $1",
-                    leases = t.leases,
-                ))
-                .bind(name.as_str())
-                .bind(lease.expires_at)
-                .bind(i32::try_from(lease.renewals).unwrap_or(i32::MAX))
-                .execute(&mut *tx)
-                .await
-                .map_err(lerr("lease renew"))?;
-                record(
-                    &mut *tx,
-                    &t,
-                    &LeaseEvent::of_lease(LeaseEventKind::Renewed, now, &lease),
-                )
-                .await?;
-                Renew::Renewed(lease)
-            }
-            other => {
-                let current = settle_expired(&mut tx, &t, other, now).await?;
-                let event =
-                    LeaseEvent::of_caller(LeaseEventKind::RenewRejected, now, name, owner, token)
-                        .with_detail(holder_detail(current.as_ref()));
-                record(&mut *tx, &t, &event).await?;
-                Renew::NotHolder { current }
-            }
-        };
-        tx.commit().await.map_err(lerr("lease commit"))?;
-        Ok(answer)
-    }
-
     async fn release_once(
         &self,
         name: &LeaseName,
         owner: &OwnerId,
         token: FencingToken,
     ) -> Result<Release, LeaseError> {
-        let t = self.lease_tables();
+        let change = Change::of(self);
         if let Some(released) =
-            fast_release(&self.pool, &self.clock, &t, name, owner, token).await?
+            fast_release(&self.pool, &self.clock, &change.t, name, owner, token).await?
         {
             return Ok(released);
         }
-        let mut tx = self.begin_lease().await?;
-        lock_name(&mut tx, &t, name).await?;
-        let Locked { lease, now, .. } = locked_lease(&mut tx, &self.clock, &t, name).await?;
-        let answer = match lease {
-            Some(lease) if holds(&lease, owner, token, now) => {
-                end_lease(&mut tx, &t, name, now).await?;
-                record(
-                    &mut *tx,
-                    &t,
-                    &LeaseEvent::of_lease(LeaseEventKind::Released, now, &lease),
-                )
-                .await?;
-                Release::Released {
-                    lease,
-                    released_at: now,
-                }
-            }
-            other => {
-                let current = settle_expired(&mut tx, &t, other, now).await?;
-                let detail = holder_detail(current.as_ref());
-                tracing::warn!(
-                    lease = %name, %owner, %token, current = %detail,
-                    "owner-mismatch release: the caller no longer held the lease"
-                );
-                let event = LeaseEvent::of_caller(
-                    LeaseEventKind::ReleaseOwnerMismatch,
-                    now,
-                    name,
-                    owner,
-                    token,
-                )
-                .with_detail(detail);
-                record(&mut *tx, &t, &event).await?;
-                Release::NotHolder { current }
-            }
-        };
-        tx.commit().await.map_err(lerr("lease commit"))?;
-        Ok(answer)
+        change.release(name, owner, token).await
     }
 }
 
@@ -1016,7 +984,8 @@ impl LeaseStore for PgStore {
         token: FencingToken,
         ttl: Duration,
     ) -> Result<Renew, LeaseError> {
-        self.lease_retrying(|| self.renew_once(name, owner, token, ttl))
+        let change = Change::of(self);
+        self.lease_retrying(|| change.renew(name, owner, token, ttl))
             .await
     }
 
@@ -1035,25 +1004,7 @@ impl LeaseStore for PgStore {
         name: &LeaseName,
         reason: &str,
     ) -> Result<Option<Lease>, LeaseError> {
-        check_reason(reason)?;
-        let t = self.lease_tables();
-        let mut tx = self.begin_lease().await?;
-        lock_name(&mut tx, &t, name).await?;
-        let Locked {
-            lease: current,
-            now,
-            ..
-        } = locked_lease(&mut tx, &self.clock, &t, name).await?;
-        let removed = settle_expired(&mut tx, &t, current, now).await?;
-        let event = match &removed {
-            Some(lease) => {
-                end_lease(&mut tx, &t, name, now).await?;
-                LeaseEvent::of_lease(LeaseEventKind::ForceReleased, now, lease)
-            }
-            None => LeaseEvent::new(name, LeaseEventKind::ForceReleased, now),
-        };
-        record(&mut *tx, &t, &event.with_detail(reason)).await?;
-        tx.commit().await.map_err(lerr("lease commit"))?;
+        let removed = Change::of(self).force_release(name, reason).await?;
         tracing::warn!(lease = %name, reason, removed = ?removed, "lease force-released");
         Ok(removed)
     }
@@ -1083,10 +1034,8 @@ impl LeaseStore for PgStore {
             None => snap.last_token,
         };
         Ok(LeaseStatus {
-            name: name.clone(),
-            holder: snap.lease.filter(|l| l.is_live(snap.now)),
             last_token,
-            now: snap.now,
+            ..snap.status(name)
         })
     }
 

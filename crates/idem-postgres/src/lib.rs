@@ -40,10 +40,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::store::check_lease;
+use idem_core::store::{lease_millis, verdict, Verdict};
 use idem_core::{
-    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
-    IdempotencyStore, Millis, RecentKeys, Record, Scope, StoreError, StoreLimits,
+    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
+    RecentKeys, Record, Scope, StoreError, StoreLimits,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
@@ -306,8 +306,7 @@ impl PgStore {
         conn: &mut PgConnection,
         req: &ClaimRequest,
     ) -> Result<Claim, StoreError> {
-        self.limits.check_claim(req)?;
-        let lease_ms = lease_millis(req.lease);
+        let lease_ms = self.limits.claim_lease(req)?;
         for run in 0..MAX_CLAIM_RERUNS {
             if run > 0 {
                 self.reruns.fetch_add(1, Ordering::Relaxed);
@@ -331,32 +330,19 @@ impl PgStore {
                 // between two statements): run again with a new snapshot.
                 None => continue,
                 Some(row::ClaimRow::Fresh(version, lease, attempt)) => {
-                    return Ok(Claim::Proceed(token(
-                        req,
-                        version,
-                        lease,
-                        attempt,
-                        ClaimKind::Fresh,
-                    )));
+                    let token = ClaimToken::of(req, version, lease, attempt, ClaimKind::Fresh);
+                    return Ok(Claim::Proceed(token));
                 }
                 Some(row::ClaimRow::Existing(rec, now)) => {
                     self.recent.note(&req.scope);
                     (rec, now)
                 }
             };
-            match decide(&rec, req, now) {
-                Decision::Mismatch => return Ok(Claim::Mismatch { state: rec.state }),
-                Decision::Replay => return Ok(Claim::Replay(rec)),
-                Decision::InProgress => {
-                    return Ok(Claim::InProgress {
-                        owner: rec.owner,
-                        lease_expires_at: rec.lease_expires_at.unwrap_or(now),
-                        now,
-                    })
-                }
-                Decision::TakeOver(kind) => {
+            match verdict(rec, req, now) {
+                Verdict::Answer(claim) => return Ok(claim),
+                Verdict::TakeOver { existing, kind } => {
                     if let Some(tok) = self
-                        .take_over(conn, req, lease_ms, rec.version, kind)
+                        .take_over(conn, req, lease_ms, existing.version, kind)
                         .await?
                     {
                         return Ok(Claim::Proceed(tok));
@@ -472,7 +458,7 @@ impl PgStore {
         let lease =
             lease.ok_or_else(|| StoreError::Backend("claimed record has no lease".into()))?;
         tracing::debug!(scope = %req.scope, owner = %req.owner, version, ?kind, "takeover");
-        Ok(Some(token(req, version, lease, attempt, kind)))
+        Ok(Some(ClaimToken::of(req, version, lease, attempt, kind)))
     }
 
     async fn finish_on(
@@ -528,16 +514,15 @@ impl PgStore {
         &self,
         conn: &mut PgConnection,
         token: &ClaimToken,
-        lease: Duration,
+        lease_ms: Millis,
     ) -> Result<Millis, StoreError> {
-        check_lease(lease)?;
         let deadline: Option<i64> = sqlx::query_scalar(&self.sql.extend)
             .bind(token.scope.tenant.as_str())
             .bind(token.scope.key.as_str())
             .bind(token.version)
             .bind(token.owner.as_str())
             .bind(self.clock.millis())
-            .bind(lease_millis(lease))
+            .bind(lease_ms)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| error::map_err("extend_lease", e))?
@@ -548,28 +533,6 @@ impl PgStore {
 
 fn decode(e: sqlx::Error) -> StoreError {
     error::map_err("decode", e)
-}
-
-fn lease_millis(lease: Duration) -> i64 {
-    // check_lease bounds it to 24 h, far inside i64.
-    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn token(
-    req: &ClaimRequest,
-    version: i64,
-    lease: i64,
-    attempt: i32,
-    kind: ClaimKind,
-) -> ClaimToken {
-    ClaimToken {
-        scope: req.scope.clone(),
-        owner: req.owner.clone(),
-        version,
-        lease_expires_at: lease,
-        attempt,
-        kind,
-    }
 }
 
 #[async_trait]
@@ -594,10 +557,10 @@ impl IdempotencyStore for PgStore {
         token: &ClaimToken,
         lease: Duration,
     ) -> Result<Millis, StoreError> {
-        check_lease(lease)?;
-        // A heartbeat is a compare-and-set without a version bump: running it twice is
-        // the same as once.
-        on_pooled_connection!(self, |conn| self.extend_on(conn, token, lease))
+        // Checked before taking a connection. A heartbeat is a compare-and-set without a
+        // version bump: running it twice is the same as once.
+        let lease_ms = lease_millis(lease)?;
+        on_pooled_connection!(self, |conn| self.extend_on(conn, token, lease_ms))
     }
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {

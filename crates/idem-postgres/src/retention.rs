@@ -21,9 +21,9 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use async_trait::async_trait;
 use idem_core::retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, Demotion, DueRecord, RetentionStore, ScanCursor,
-    StaleRecord, Tier, TierUsage,
+    StaleColumns, StaleRecord, Tier, TierUsage,
 };
-use idem_core::row::ArchiveRow;
+use idem_core::row::{ArchiveRow, DueRow};
 use idem_core::{IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -236,10 +236,7 @@ impl RetentionStore for PgStore {
         after: Option<&ScanCursor>,
         limit: usize,
     ) -> Result<Vec<DueRecord>, StoreError> {
-        let (c, t, k) = match after {
-            Some(a) => (a.completed_at, a.tenant.as_str(), a.key.as_str()),
-            None => (i64::MIN, "", ""),
-        };
+        let (c, t, k) = ScanCursor::start(after);
         // The walk must follow the due index in order. With missing or stale statistics
         // (a tier that was empty at the last ANALYZE, a freshly loaded table) the planner
         // estimates a handful of rows and picks a bitmap scan plus a sort of every due
@@ -275,10 +272,9 @@ impl RetentionStore for PgStore {
         tx.commit().await.map_err(err("scan due"))?;
         rows.iter()
             .map(|row| {
-                Ok(DueRecord {
-                    record: crate::row::record(row)?,
-                    tier: tier_of_row(row)?,
-                })
+                let record = crate::row::record_row(row)?;
+                let tier = row.try_get("tier").map_err(err("decode"))?;
+                DueRow { record, tier }.decode()
             })
             .collect()
     }
@@ -290,8 +286,7 @@ impl RetentionStore for PgStore {
         batch: &[Demotion],
         now: Millis,
     ) -> Result<u64, StoreError> {
-        idem_core::retention::demotion_span(from, to)?;
-        if batch.is_empty() {
+        if !idem_core::retention::demotes(from, to, batch)? {
             return Ok(0);
         }
         let tenants: Vec<&str> = batch.iter().map(|d| d.scope.tenant.as_str()).collect();
@@ -334,9 +329,7 @@ impl RetentionStore for PgStore {
         let mut digests = Vec::with_capacity(batch.len());
         let mut result_digests = Vec::with_capacity(batch.len());
         for d in batch {
-            let a = d.archive.as_ref().ok_or_else(|| {
-                StoreError::InvalidInput("an archive demotion needs its archive row".into())
-            })?;
+            let a = d.archive_row()?;
             digests.push(a.key_digest.to_vec());
             result_digests.push(a.result_digest.map(|d| d.to_vec()));
         }
@@ -386,7 +379,7 @@ impl RetentionStore for PgStore {
         lease_before: Millis,
         limit: usize,
     ) -> Result<Vec<StaleRecord>, StoreError> {
-        let rows: Vec<(String, String, i64, Option<String>, i64)> = sqlx::query_as(&format!(
+        let rows: Vec<StaleColumns> = sqlx::query_as(&format!(
             "SELECT tenant_id, key, version, owner, lease_expires_at FROM {} \
              WHERE state = 'PROCESSING' AND lease_expires_at < $1 \
              ORDER BY lease_expires_at LIMIT $2",
@@ -397,11 +390,7 @@ impl RetentionStore for PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(err("scan stale"))?;
-        rows.into_iter()
-            .map(|(tenant, key, version, owner, lease)| {
-                StaleRecord::from_columns(tenant, key, version, owner, lease)
-            })
-            .collect()
+        rows.into_iter().map(StaleRecord::try_from).collect()
     }
 
     async fn recover_stale(
@@ -518,25 +507,7 @@ impl RetentionStore for PgStore {
         .fetch_one(&self.pool)
         .await
         .map_err(err("usage"))?;
-        Ok(Tier::ALL
-            .into_iter()
-            .map(|tier| {
-                let (records, bytes) = if tier == Tier::Archive {
-                    archive
-                } else {
-                    online
-                        .iter()
-                        .find(|(t, _, _)| t == tier.as_str())
-                        .map(|(_, n, b)| (*n, *b))
-                        .unwrap_or((0, None))
-                };
-                TierUsage {
-                    tier,
-                    records: u64::try_from(records).unwrap_or(0),
-                    bytes_per_record: bytes.unwrap_or(0.0),
-                }
-            })
-            .collect())
+        Ok(TierUsage::per_tier(&online, archive))
     }
 }
 

@@ -23,7 +23,11 @@ where
 
 /// Reads a record's columns (by name); `idem_core::row` validates them.
 pub(crate) fn record(row: &PgRow) -> Result<Record, StoreError> {
-    RecordRow {
+    record_row(row)?.decode()
+}
+
+pub(crate) fn record_row(row: &PgRow) -> Result<RecordRow, StoreError> {
+    Ok(RecordRow {
         tenant_id: get(row, "tenant_id")?,
         key: get(row, "key")?,
         principal: get(row, "principal")?,
@@ -40,8 +44,7 @@ pub(crate) fn record(row: &PgRow) -> Result<Record, StoreError> {
         created_at: get(row, "created_at")?,
         updated_at: get(row, "updated_at")?,
         completed_at: get(row, "completed_at")?,
-    }
-    .decode()
+    })
 }
 
 fn at<'r, T>(row: &'r PgRow, idx: usize) -> Result<T, StoreError>

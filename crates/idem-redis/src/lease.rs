@@ -267,15 +267,11 @@ impl RedisStore {
     /// lease's name, at the store's time (returned), with the resource and the token it
     /// had accepted. The fence's own store keeps its record as well.
     pub async fn record_fence_rejection(&self, fenced: &Fenced) -> Result<Millis, LeaseError> {
-        let detail = format!(
-            "resource {} accepted token {}",
-            fenced.resource, fenced.last_accepted
-        );
         let script = &SCRIPTS.fenced;
         let mut cmd = self.lease_cmd(script, &fenced.name);
         cmd.arg(fenced.owner.as_str())
             .arg(fenced.token.get())
-            .arg(detail);
+            .arg(fenced.detail());
         let at = num(&self.eval(script, &cmd).await?)?;
         tracing::warn!(
             lease = %fenced.name, owner = %fenced.owner, token = %fenced.token,
@@ -393,12 +389,8 @@ impl LeaseStore for RedisStore {
         let script = &SCRIPTS.show;
         let cmd = self.lease_cmd(script, name);
         let r = self.run_lease(script, name, &cmd).await?;
-        Ok(LeaseStatus {
-            name: name.clone(),
-            holder: r.lease.filter(|l| l.is_live(r.now)),
-            last_token: (r.code > 0).then_some(FencingToken::new(r.code)),
-            now: r.now,
-        })
+        let last_token = (r.code > 0).then_some(FencingToken::new(r.code));
+        Ok(LeaseStatus::of(name, r.lease, last_token, r.now))
     }
 
     async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError> {

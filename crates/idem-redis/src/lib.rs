@@ -126,10 +126,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::store::check_lease;
+use idem_core::store::{check_lease, verdict, Verdict};
 use idem_core::{
-    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
-    IdempotencyStore, Millis, OwnerId, RecentKeys, Record, Scope, StoreError, StoreLimits,
+    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
+    OwnerId, RecentKeys, Record, Scope, StoreError, StoreLimits,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
@@ -402,11 +402,11 @@ impl RedisStore {
         if !rec.state.is_terminal() {
             return Ok(None);
         }
-        Ok(Some(match decide(&rec, req, 0) {
-            Decision::Replay => Claim::Replay(rec),
-            Decision::Mismatch => Claim::Mismatch { state: rec.state },
-            Decision::InProgress | Decision::TakeOver(_) => return Ok(None),
-        }))
+        // Finished: the store time is not needed to decide.
+        Ok(match verdict(rec, req, 0) {
+            Verdict::Answer(claim @ (Claim::Replay(_) | Claim::Mismatch { .. })) => Some(claim),
+            Verdict::Answer(_) | Verdict::TakeOver { .. } => None,
+        })
     }
 
     fn retention_ms(&self) -> u64 {
@@ -517,14 +517,11 @@ fn parse_claim(req: &ClaimRequest, reply: Value) -> Result<Claim, StoreError> {
                 },
                 other => return Err(corrupt(format!("claim kind {other}"))),
             };
-            Ok(Claim::Proceed(ClaimToken {
-                scope: req.scope.clone(),
-                owner: req.owner.clone(),
-                version: int(item(2)?)?,
-                lease_expires_at: int(item(3)?)?,
-                attempt: i32::try_from(int(item(4)?)?).map_err(corrupt)?,
-                kind,
-            }))
+            let version = int(item(2)?)?;
+            let lease_expires_at = int(item(3)?)?;
+            let attempt = i32::try_from(int(item(4)?)?).map_err(corrupt)?;
+            let token = ClaimToken::of(req, version, lease_expires_at, attempt, kind);
+            Ok(Claim::Proceed(token))
         }
         2 => Ok(Claim::InProgress {
             now: int(item(1)?)?,

@@ -29,16 +29,18 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::lease::{check_reason, check_ttl, fence_accepts, holder_detail};
-use idem_core::row::{holds, FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot};
+use idem_core::lease::{check_ttl, fence_accepts};
+use idem_core::row::{
+    FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot, LeaseSteps,
+};
 use idem_core::{
-    Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,
-    LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
+    Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEvent, LeaseName, LeaseStatus,
+    LeaseStore, Millis, OwnerId, Release, Renew,
 };
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
-use crate::{lease_ms, map_err, now_on, now_sql, SqliteStore, SqliteTx, NOW};
+use crate::{map_err, now_on, now_sql, SqliteStore, SqliteTx, NOW};
 
 pub use idem_core::row::FencedWriteFuture;
 
@@ -127,26 +129,6 @@ async fn delete_lease(conn: &mut SqliteConnection, name: &LeaseName) -> Result<(
     Ok(())
 }
 
-/// The live lease in `snap`; an expired row is recorded as `expired` and removed, so
-/// the expiry is recorded once.
-async fn settle_expired(
-    conn: &mut SqliteConnection,
-    snap: LeaseSnapshot,
-) -> Result<Option<Lease>, LeaseError> {
-    match snap.lease {
-        Some(lease) if !lease.is_live(snap.now) => {
-            record(
-                conn,
-                &LeaseEvent::of_lease(LeaseEventKind::Expired, snap.now, &lease),
-            )
-            .await?;
-            delete_lease(conn, &lease.name).await?;
-            Ok(None)
-        }
-        live => Ok(live),
-    }
-}
-
 /// One statement that grants `name` to `owner` unless a live lease holds it: a new row,
 /// or the expired row taken over with a new token. The token is one above both the
 /// counter and the row's token; the triggers raise the counter and record `expired`
@@ -176,19 +158,15 @@ async fn grant(
     .bind(clock.millis())
     .bind(name.as_str())
     .bind(owner.as_str())
-    .bind(lease_ms(ttl))
+    .bind(idem_core::retention::millis(ttl))
     .fetch_optional(conn)
     .await
     .map_err(lerr)?;
     row.map(|row| {
-        Ok(Lease {
-            name: name.clone(),
-            owner: owner.clone(),
-            token: FencingToken::new(row.try_get("token").map_err(lerr)?),
-            acquired_at: row.try_get("acquired_at").map_err(lerr)?,
-            expires_at: row.try_get("expires_at").map_err(lerr)?,
-            renewals: 0,
-        })
+        let token = FencingToken::new(row.try_get("token").map_err(lerr)?);
+        let acquired_at = row.try_get("acquired_at").map_err(lerr)?;
+        let expires_at = row.try_get("expires_at").map_err(lerr)?;
+        Ok(Lease::granted(name, owner, token, acquired_at, expires_at))
     })
     .transpose()
 }
@@ -284,6 +262,75 @@ impl SqliteStore {
         F: for<'c> FnOnce(&'c mut SqliteConnection) -> FencedWriteFuture<'c, T, E>,
     {
         idem_core::row::fenced_write(&Fence(self), resource, lease, write).await
+    }
+}
+
+/// This store's part of the lease changes made under the name's lock ([`LeaseSteps`]):
+/// one `BEGIN IMMEDIATE` transaction that reads the lease and the store time once.
+struct Change<'s>(&'s SqliteStore);
+
+impl LeaseSteps for Change<'_> {
+    type Tx = SqliteTx;
+
+    async fn lock<'a>(
+        &'a self,
+        name: &'a LeaseName,
+    ) -> Result<(SqliteTx, Option<Lease>, Millis), LeaseError> {
+        let mut tx = self.0.begin_lease().await?;
+        let snap = snapshot(&mut tx, &self.0.clock, name).await?;
+        Ok((tx, snap.lease, snap.now))
+    }
+
+    async fn record<'a>(
+        &'a self,
+        tx: &'a mut SqliteTx,
+        event: &'a LeaseEvent,
+    ) -> Result<(), LeaseError> {
+        record(tx, event).await
+    }
+
+    async fn end<'a>(
+        &'a self,
+        tx: &'a mut SqliteTx,
+        name: &'a LeaseName,
+        _: Millis,
+    ) -> Result<(), LeaseError> {
+        delete_lease(tx, name).await
+    }
+
+    async fn extend<'a>(
+        &'a self,
+        tx: &'a mut SqliteTx,
+        lease: &'a Lease,
+    ) -> Result<(), LeaseError> {
+        sqlx::query("UPDATE idem_leases SET expires_at = ?, renewals = ? WHERE name = ?")
+            .bind(lease.expires_at)
+            .bind(i64::from(lease.renewals))
+            .bind(lease.name.as_str())
+            .execute(&mut **tx)
+            .await
+            .map_err(lerr)?;
+        Ok(())
+    }
+
+    async fn end_held<'a>(
+        &'a self,
+        tx: &'a mut SqliteTx,
+        released: &'a LeaseEvent,
+    ) -> Result<(), LeaseError> {
+        // The `released` event ends the lease (trigger idem_lease_released).
+        record(tx, released).await
+    }
+
+    fn mismatched(&self, name: &LeaseName, owner: &OwnerId, token: FencingToken, detail: &str) {
+        tracing::warn!(
+            lease = %name, %owner, %token, current = %detail,
+            "owner-mismatch release: the caller no longer held the lease"
+        );
+    }
+
+    async fn commit(tx: SqliteTx) -> Result<(), LeaseError> {
+        Ok(tx.commit().await?)
     }
 }
 
@@ -386,11 +433,8 @@ impl LeaseStore for SqliteStore {
         let mut conn = self.pool.acquire().await.map_err(lerr)?;
         let snap = snapshot(&mut conn, &self.clock, name).await?;
         drop(conn);
-        if let Some(holder) = snap.lease.filter(|l| l.is_live(snap.now)) {
-            return Ok(Acquire::Held {
-                holder,
-                now: snap.now,
-            });
+        if let Some(held) = snap.held() {
+            return Ok(held);
         }
         // The holder went between the two: decide under the write lock, where the
         // answer cannot change.
@@ -400,12 +444,8 @@ impl LeaseStore for SqliteStore {
             return Ok(Acquire::Granted(lease));
         }
         let snap = snapshot(&mut tx, &self.clock, name).await?;
-        let now = snap.now;
-        let holder = snap
-            .lease
-            .filter(|l| l.is_live(now))
-            .ok_or_else(|| LeaseError::Backend(format!("lease {name}: no grant and no holder")))?;
-        Ok(Acquire::Held { holder, now })
+        snap.held()
+            .ok_or_else(|| LeaseError::Backend(format!("lease {name}: no grant and no holder")))
     }
 
     async fn renew(
@@ -415,39 +455,7 @@ impl LeaseStore for SqliteStore {
         token: FencingToken,
         ttl: Duration,
     ) -> Result<Renew, LeaseError> {
-        check_ttl(ttl)?;
-        let mut tx = self.begin_lease().await?;
-        let snap = snapshot(&mut tx, &self.clock, name).await?;
-        let now = snap.now;
-        let answer = match snap.lease {
-            Some(mut lease) if holds(&lease, owner, token, now) => {
-                lease.expires_at = now.saturating_add(lease_ms(ttl));
-                lease.renewals += 1;
-                sqlx::query("UPDATE idem_leases SET expires_at = ?, renewals = ? WHERE name = ?")
-                    .bind(lease.expires_at)
-                    .bind(i64::from(lease.renewals))
-                    .bind(name.as_str())
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(lerr)?;
-                record(
-                    &mut tx,
-                    &LeaseEvent::of_lease(LeaseEventKind::Renewed, now, &lease),
-                )
-                .await?;
-                Renew::Renewed(lease)
-            }
-            _ => {
-                let current = settle_expired(&mut tx, snap).await?;
-                let event =
-                    LeaseEvent::of_caller(LeaseEventKind::RenewRejected, now, name, owner, token)
-                        .with_detail(holder_detail(current.as_ref()));
-                record(&mut tx, &event).await?;
-                Renew::NotHolder { current }
-            }
-        };
-        tx.commit().await?;
-        Ok(answer)
+        Change(self).renew(name, owner, token, ttl).await
     }
 
     async fn release(
@@ -461,43 +469,7 @@ impl LeaseStore for SqliteStore {
         }
         // Not the live holder (or a race the statement lost): decide again in a
         // transaction that records the mismatch, or the expiry it notices.
-        let mut tx = self.begin_lease().await?;
-        let snap = snapshot(&mut tx, &self.clock, name).await?;
-        let now = snap.now;
-        let answer = match snap.lease {
-            Some(lease) if holds(&lease, owner, token, now) => {
-                // The `released` event ends the lease (trigger idem_lease_released).
-                record(
-                    &mut tx,
-                    &LeaseEvent::of_lease(LeaseEventKind::Released, now, &lease),
-                )
-                .await?;
-                Release::Released {
-                    lease,
-                    released_at: now,
-                }
-            }
-            _ => {
-                let current = settle_expired(&mut tx, snap).await?;
-                let detail = holder_detail(current.as_ref());
-                tracing::warn!(
-                    lease = %name, %owner, %token, current = %detail,
-                    "owner-mismatch release: the caller no longer held the lease"
-                );
-                let event = LeaseEvent::of_caller(
-                    LeaseEventKind::ReleaseOwnerMismatch,
-                    now,
-                    name,
-                    owner,
-                    token,
-                )
-                .with_detail(detail);
-                record(&mut tx, &event).await?;
-                Release::NotHolder { current }
-            }
-        };
-        tx.commit().await?;
-        Ok(answer)
+        Change(self).release(name, owner, token).await
     }
 
     async fn force_release(
@@ -505,33 +477,14 @@ impl LeaseStore for SqliteStore {
         name: &LeaseName,
         reason: &str,
     ) -> Result<Option<Lease>, LeaseError> {
-        check_reason(reason)?;
-        let mut tx = self.begin_lease().await?;
-        let snap = snapshot(&mut tx, &self.clock, name).await?;
-        let now = snap.now;
-        let removed = settle_expired(&mut tx, snap).await?;
-        let event = match &removed {
-            Some(lease) => {
-                delete_lease(&mut tx, name).await?;
-                LeaseEvent::of_lease(LeaseEventKind::ForceReleased, now, lease)
-            }
-            None => LeaseEvent::new(name, LeaseEventKind::ForceReleased, now),
-        };
-        record(&mut tx, &event.with_detail(reason)).await?;
-        tx.commit().await?;
+        let removed = Change(self).force_release(name, reason).await?;
         tracing::warn!(lease = %name, reason, removed = ?removed, "lease force-released");
         Ok(removed)
     }
 
     async fn show(&self, name: &LeaseName) -> Result<LeaseStatus, LeaseError> {
         let mut conn = self.pool.acquire().await.map_err(lerr)?;
-        let snap = snapshot(&mut conn, &self.clock, name).await?;
-        Ok(LeaseStatus {
-            name: name.clone(),
-            holder: snap.lease.filter(|l| l.is_live(snap.now)),
-            last_token: snap.last_token,
-            now: snap.now,
-        })
+        Ok(snapshot(&mut conn, &self.clock, name).await?.status(name))
     }
 
     async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError> {

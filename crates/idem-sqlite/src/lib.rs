@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::row::{headers_json, RecordRow};
+use idem_core::store::{verdict, Verdict};
 use idem_core::{
-    decide, Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Decision, Finish,
-    IdempotencyStore, Millis, Record, Scope, StoreError, StoreLimits,
+    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
+    Record, Scope, StoreError, StoreLimits,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -244,7 +245,11 @@ const RECORD_COLUMNS: &str = "tenant_id, key, principal, fingerprint, state, ver
 
 /// Reads a record's columns; `idem_core::row` validates them.
 fn record_from_row(row: &SqliteRow) -> Result<Record, StoreError> {
-    RecordRow {
+    record_row(row)?.decode()
+}
+
+fn record_row(row: &SqliteRow) -> Result<RecordRow, StoreError> {
+    Ok(RecordRow {
         tenant_id: row.try_get("tenant_id").map_err(map_err)?,
         key: row.try_get("key").map_err(map_err)?,
         principal: row.try_get("principal").map_err(map_err)?,
@@ -261,8 +266,7 @@ fn record_from_row(row: &SqliteRow) -> Result<Record, StoreError> {
         created_at: row.try_get("created_at").map_err(map_err)?,
         updated_at: row.try_get("updated_at").map_err(map_err)?,
         completed_at: row.try_get("completed_at").map_err(map_err)?,
-    }
-    .decode()
+    })
 }
 
 async fn get_on(conn: &mut SqliteConnection, scope: &Scope) -> Result<Option<Record>, StoreError> {
@@ -310,10 +314,6 @@ async fn lock(writer: Option<&Mutex<()>>) -> Option<tokio::sync::MutexGuard<'_, 
     }
 }
 
-fn lease_ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// Claim as single statements. One read (record and store time together) decides: an
 /// absent key is inserted (`ON CONFLICT DO NOTHING`, so a concurrent winner makes the
 /// insert return nothing and the loop decides again on the winner's record); an existing
@@ -325,7 +325,7 @@ async fn claim_on(
     writer: Option<&Mutex<()>>,
     req: &ClaimRequest,
 ) -> Result<Claim, StoreError> {
-    let lease = lease_ms(req.lease);
+    let lease = idem_core::retention::millis(req.lease);
     for _ in 0..16 {
         let (now, existing) = get_with_now(conn, clock, &req.scope).await?;
         let Some(existing) = existing else {
@@ -353,32 +353,14 @@ async fn claim_on(
             .await
             .map_err(map_err)?;
             if inserted.rows_affected() == 1 {
-                return Ok(Claim::Proceed(ClaimToken {
-                    scope: req.scope.clone(),
-                    owner: req.owner.clone(),
-                    version: 1,
-                    lease_expires_at,
-                    attempt: 1,
-                    kind: ClaimKind::Fresh,
-                }));
+                let token = ClaimToken::of(req, 1, lease_expires_at, 1, ClaimKind::Fresh);
+                return Ok(Claim::Proceed(token));
             }
             continue; // a concurrent arrival inserted first: decide on its record
         };
-        match decide(&existing, req, now) {
-            Decision::Mismatch => {
-                return Ok(Claim::Mismatch {
-                    state: existing.state,
-                })
-            }
-            Decision::Replay => return Ok(Claim::Replay(existing)),
-            Decision::InProgress => {
-                return Ok(Claim::InProgress {
-                    owner: existing.owner,
-                    lease_expires_at: existing.lease_expires_at.unwrap_or(now),
-                    now,
-                })
-            }
-            Decision::TakeOver(kind) => {
+        match verdict(existing, req, now) {
+            Verdict::Answer(claim) => return Ok(claim),
+            Verdict::TakeOver { existing, kind } => {
                 let _w = lock(writer).await;
                 let taken: Option<(i64, i64, i32)> = sqlx::query_as(&format!(
                     "UPDATE idem_records SET state = 'PROCESSING', version = version + 1, \
@@ -398,14 +380,8 @@ async fn claim_on(
                 .await
                 .map_err(map_err)?;
                 if let Some((version, lease_expires_at, attempt)) = taken {
-                    return Ok(Claim::Proceed(ClaimToken {
-                        scope: req.scope.clone(),
-                        owner: req.owner.clone(),
-                        version,
-                        lease_expires_at,
-                        attempt,
-                        kind,
-                    }));
+                    let token = ClaimToken::of(req, version, lease_expires_at, attempt, kind);
+                    return Ok(Claim::Proceed(token));
                 }
                 // Lost the compare-and-set: decide again on the winner's record.
             }
@@ -490,7 +466,7 @@ impl IdempotencyStore for SqliteStore {
         token: &ClaimToken,
         lease: Duration,
     ) -> Result<Millis, StoreError> {
-        idem_core::store::check_lease(lease)?;
+        let lease = idem_core::store::lease_millis(lease)?;
         let _w = lock(self.writer.as_deref()).await;
         let deadline: Option<i64> = sqlx::query_scalar(&format!(
             "UPDATE idem_records SET lease_expires_at = {NOW} + ?, updated_at = {NOW} \
@@ -499,7 +475,7 @@ impl IdempotencyStore for SqliteStore {
              RETURNING lease_expires_at"
         ))
         .bind(self.clock.millis())
-        .bind(lease_ms(lease))
+        .bind(lease)
         .bind(self.clock.millis())
         .bind(token.scope.tenant.as_str())
         .bind(token.scope.key.as_str())

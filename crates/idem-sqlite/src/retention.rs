@@ -12,14 +12,14 @@
 use async_trait::async_trait;
 use idem_core::retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, Demotion, DueRecord, RetentionStore, ScanCursor,
-    StaleRecord, Tier, TierUsage,
+    StaleColumns, StaleRecord, Tier, TierUsage,
 };
-use idem_core::row::{headers_json, ArchiveRow};
+use idem_core::row::{headers_json, ArchiveRow, DueRow};
 use idem_core::{IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
-use crate::{map_err, record_from_row, SqliteStore, RECORD_COLUMNS};
+use crate::{map_err, record_row, SqliteStore, RECORD_COLUMNS};
 
 const TERMINAL: &str = "state IN ('SUCCEEDED', 'FAILED_TERMINAL')";
 
@@ -103,10 +103,7 @@ impl RetentionStore for SqliteStore {
         after: Option<&ScanCursor>,
         limit: usize,
     ) -> Result<Vec<DueRecord>, StoreError> {
-        let (c, t, k) = match after {
-            Some(a) => (a.completed_at, a.tenant.as_str(), a.key.as_str()),
-            None => (i64::MIN, "", ""),
-        };
+        let (c, t, k) = ScanCursor::start(after);
         let rows = sqlx::query(&format!(
             "SELECT {RECORD_COLUMNS}, tier FROM idem_records \
              WHERE tier = ? AND completed_at IS NOT NULL AND completed_at < ? AND {TERMINAL} \
@@ -122,14 +119,12 @@ impl RetentionStore for SqliteStore {
         .fetch_all(self.pool())
         .await
         .map_err(map_err)?;
-        rows.iter()
-            .map(|row| {
-                Ok(DueRecord {
-                    record: record_from_row(row)?,
-                    tier: tier_of_row(row)?,
-                })
-            })
-            .collect()
+        let due = |row: &SqliteRow| {
+            let record = record_row(row)?;
+            let tier = row.try_get("tier").map_err(map_err)?;
+            DueRow { record, tier }.decode()
+        };
+        rows.iter().map(due).collect()
     }
 
     async fn demote(
@@ -139,17 +134,14 @@ impl RetentionStore for SqliteStore {
         batch: &[Demotion],
         now: Millis,
     ) -> Result<u64, StoreError> {
-        idem_core::retention::demotion_span(from, to)?;
-        if batch.is_empty() {
+        if !idem_core::retention::demotes(from, to, batch)? {
             return Ok(0);
         }
         let mut tx = self.begin().await?;
         let mut applied = 0u64;
         for d in batch {
             if to == Tier::Archive {
-                let archive = d.archive.as_ref().ok_or_else(|| {
-                    StoreError::InvalidInput("an archive demotion needs its archive row".into())
-                })?;
+                let archive = d.archive_row()?;
                 let deleted = sqlx::query(
                     "DELETE FROM idem_records \
                      WHERE tenant_id = ? AND key = ? AND version = ? AND tier = ?",
@@ -221,7 +213,7 @@ impl RetentionStore for SqliteStore {
         lease_before: Millis,
         limit: usize,
     ) -> Result<Vec<StaleRecord>, StoreError> {
-        let rows: Vec<(String, String, i64, Option<String>, i64)> = sqlx::query_as(
+        let rows: Vec<StaleColumns> = sqlx::query_as(
             "SELECT tenant_id, key, version, owner, lease_expires_at FROM idem_records \
              WHERE state = 'PROCESSING' AND lease_expires_at < ? \
              ORDER BY lease_expires_at LIMIT ?",
@@ -231,11 +223,7 @@ impl RetentionStore for SqliteStore {
         .fetch_all(self.pool())
         .await
         .map_err(map_err)?;
-        rows.into_iter()
-            .map(|(tenant, key, version, owner, lease)| {
-                StaleRecord::from_columns(tenant, key, version, owner, lease)
-            })
-            .collect()
+        rows.into_iter().map(StaleRecord::try_from).collect()
     }
 
     async fn recover_stale(
@@ -350,24 +338,7 @@ impl RetentionStore for SqliteStore {
         .fetch_one(self.pool())
         .await
         .map_err(map_err)?;
-        let mut out = Vec::new();
-        for tier in Tier::ALL {
-            let (records, bytes) = if tier == Tier::Archive {
-                archive
-            } else {
-                online
-                    .iter()
-                    .find(|(t, _, _)| t == tier.as_str())
-                    .map(|(_, n, b)| (*n, *b))
-                    .unwrap_or((0, None))
-            };
-            out.push(TierUsage {
-                tier,
-                records: u64::try_from(records).unwrap_or(0),
-                bytes_per_record: bytes.unwrap_or(0.0),
-            });
-        }
-        Ok(out)
+        Ok(TierUsage::per_tier(&online, archive))
     }
 }
 

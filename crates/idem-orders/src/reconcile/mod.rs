@@ -3,7 +3,7 @@
 //! repairs it without deleting a row.
 //!
 //! # What it does
-//! 1. **Scan** ([`scan`]): reads the orders ledger in `(tenant, user, show, created_at)`
+//! 1. **Scan** (`scan`): reads the orders ledger in `(tenant, user, show, created_at)`
 //!    order, streaming, and groups orders into intents by user, show, client session and
 //!    a time window anchored at the intent's first order. Orders created under an
 //!    idempotency key are intents of their own (the requester said so); legacy rows
@@ -11,17 +11,17 @@
 //!    (`pending_payment`, `paid`, `ticketed`) — or with orders an earlier run already
 //!    marked as duplicates — is a **duplicate cluster**. For clusters only it reads the
 //!    other ledgers: payments (and the provider's books), inventory holds, messages.
-//! 2. **Plan** ([`plan`]): keeps the earliest order that is paid and holds an inventory
+//! 2. **Plan** (`plan`): keeps the earliest order that is paid and holds an inventory
 //!    voucher (else the earliest holding a voucher, else the earliest) and plans, for
 //!    every other order: `stop-message` for its own messages still able to trigger
 //!    work, `refund` when it was charged, `cancel`, and `release` of its hold.
-//! 3. **Apply** ([`apply`], only with `apply`): refuses unless the automatic chain is
+//! 3. **Apply** (`apply`, only with `apply`): refuses unless the automatic chain is
 //!    frozen for every cluster's scope (or `force`), then runs each pending action
 //!    through the service's own code paths: the cancel/refund walk of
 //!    [`crate::service::Orders`] (state machine, compare-and-set, provider under
 //!    `refund:{order}`), the inventory releaser's lease-and-fence release, and the
 //!    consumers' processed keys for stopping messages.
-//! 4. **Check** ([`check`]): every cancelled order's hold released, every refund matches
+//! 4. **Check** (`check`): every cancelled order's hold released, every refund matches
 //!    a charge, the messages of cancelled duplicates stopped, no order row deleted.
 //!
 //! # Idempotence
