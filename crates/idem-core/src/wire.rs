@@ -71,6 +71,18 @@ impl PathPattern {
         Ok(Self { segments })
     }
 
+    /// How specific the pattern is, for choosing among several that match one path:
+    /// more literal segments first, then more segments, then no final rest.
+    pub fn specificity(&self) -> (usize, usize, bool) {
+        let literals = self
+            .segments
+            .iter()
+            .filter(|s| matches!(s, Segment::Literal(_)))
+            .count();
+        let rest = matches!(self.segments.last(), Some(Segment::Rest));
+        (literals, self.segments.len(), !rest)
+    }
+
     /// Whether `path` (without the query) matches. A trailing slash is a segment of its
     /// own, as in most routers: `/a/` does not match `/a`.
     pub fn matches(&self, path: &str) -> bool {
@@ -305,6 +317,8 @@ mod tests {
         assert!(PathPattern::parse("no-slash").is_err());
         assert!(PathPattern::parse("/*/x").is_err());
         assert!(PathPattern::parse("/a{b}").is_err());
+        assert!(p("/v1/orders/search").specificity() > p("/v1/orders/{id}").specificity());
+        assert!(p("/v1/orders/{id}").specificity() > p("/v1/orders/*").specificity());
     }
 
     #[test]

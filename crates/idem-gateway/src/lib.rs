@@ -61,12 +61,35 @@
 //!
 //! # Embedding (the CLI does this)
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), idem_gateway::GatewayError> {
-//! let mut config = idem_gateway::GatewayConfig::from_file("gateway.json")?;
-//! config.listen = "127.0.0.1:8080".parse().unwrap();
-//! idem_gateway::run(config, async { let _ = tokio::signal::ctrl_c().await; }).await
-//! # }
+//! `run(config, shutdown)` serves until the shutdown future resolves; [`start`] serves in
+//! the background. Two sends of one key reach the upstream once:
+//!
+//! ```
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let upstream = idem_stub::Stub::start("x-idem-tenant").await?;
+//! let config = idem_gateway::GatewayConfig {
+//!     listen: "127.0.0.1:0".parse()?,
+//!     upstream: upstream.url(), // the business service behind the gateway
+//!     ..Default::default()
+//! };
+//! let gateway = idem_gateway::start(config).await?;
+//! let client = reqwest::Client::new();
+//! let send = || {
+//!     client
+//!         .post(format!("{}/v1/orders", gateway.url()))
+//!         .header("authorization", "Bearer alice") // tells callers apart
+//!         .header("idempotency-key", "order-7318")
+//!         .body(r#"{"show":"S-204"}"#)
+//!         .send()
+//! };
+//! let first = send().await?;
+//! let again = send().await?;
+//! assert_eq!(again.headers()["idempotent-replayed"], "true");
+//! assert_eq!(first.status(), again.status());
+//! assert_eq!(upstream.state.total_calls(), 1);
+//! gateway.stop().await?;
+//! # Ok(()) }
 //! ```
 //!
 //! Modules: [`config`] (the JSON file), [`routes`], [`auth`], [`memory`] (the in-process

@@ -89,6 +89,13 @@ impl RouteRule {
         self
     }
 
+    /// A rule that is not a pattern compares the whole path: the most specific.
+    fn specificity(&self) -> (usize, usize, bool) {
+        self.pattern
+            .as_ref()
+            .map_or((usize::MAX, usize::MAX, true), PathPattern::specificity)
+    }
+
     fn matches(&self, method: &Method, path: &str) -> bool {
         self.method.as_ref().is_none_or(|m| m == method)
             && match &self.pattern {
@@ -232,14 +239,18 @@ impl IdempotencyConfig {
             in_progress: self.in_progress,
             on_store_unavailable: self.on_store_unavailable,
         };
-        let specific = self
-            .routes
-            .iter()
-            .find(|r| r.method.is_some() && r.matches(method, route));
-        let general = self
-            .routes
-            .iter()
-            .find(|r| r.method.is_none() && r.matches(method, route));
+        // Of the rules matching the path, the most specific wins (a literal segment over
+        // `{id}`), the first listed among equals: order in the list never lets a
+        // template shadow a literal route.
+        let best = |with_method: bool| {
+            self.routes
+                .iter()
+                .rev()
+                .filter(|r| r.method.is_some() == with_method && r.matches(method, route))
+                .max_by_key(|r| r.specificity())
+        };
+        let specific = best(true);
+        let general = best(false);
         // The general rule first, so that a method-specific one overrides it.
         for rule in general.into_iter().chain(specific) {
             if let Some(k) = rule.key {
@@ -267,6 +278,9 @@ mod tests {
         };
         let c = IdempotencyConfig::default()
             .route(RouteRule::new("/search").key(KeyRule::Ignored))
+            // A template listed before a literal route under it: the literal still wins.
+            .route(RouteRule::new("/orders/{id}").key(KeyRule::Ignored))
+            .route(RouteRule::new("/orders/special").key(KeyRule::Required))
             .route(RouteRule::new("/orders").in_progress(wait))
             .route(
                 RouteRule::new("/orders")
@@ -290,6 +304,9 @@ mod tests {
         check(Method::GET, "/x", Ignored, reject, closed);
         check(Method::DELETE, "/x", Ignored, reject, closed);
         check(Method::POST, "/search", Ignored, reject, closed);
+        check(Method::POST, "/orders/o1", Ignored, reject, closed);
+        check(Method::POST, "/orders/special", Required, reject, closed);
+        check(Method::POST, "/orders/o1/pay", Required, reject, closed);
         check(Method::POST, "/orders", Required, wait, closed);
         check(Method::PUT, "/orders", Optional, wait, closed);
         check(

@@ -270,10 +270,8 @@ pub async fn claim(
         };
         let lease_left = Duration::from_millis((lease_expires_at - now).max(0) as u64);
         let max_wait = match mode {
-            InProgressMode::Reject { .. } => {
-                return Ok(done(Turn::InProgress { lease_left }, &waiting))
-            }
-            InProgressMode::Wait { max_wait } => max_wait,
+            InProgressMode::Wait { max_wait } if !max_wait.is_zero() => max_wait,
+            _ => return Ok(done(Turn::InProgress { lease_left }, &waiting)),
         };
         let Some((deadline, waiter)) = waiting.as_mut() else {
             // Subscribe, then claim again: an end between the first claim and the
@@ -293,7 +291,9 @@ pub async fn claim(
         tokio::select! {
             _ = waiter.woken() => {}
             _ = tokio::time::sleep(sleep) => {}
-            _ = &mut cancelled => {}
+            // Shutting down: answer now; claiming again could start an execution past
+            // the grace.
+            _ = &mut cancelled => return Ok(done(Turn::InProgress { lease_left }, &waiting)),
         }
     }
 }
@@ -421,9 +421,12 @@ pub async fn finish(
                     _ => Err(NotFinished::Lost),
                 };
             }
-            e if (matches!(e, StoreError::ResultTooLarge { .. })
-                || e.kind() == ErrorKind::InvalidInput)
-                && finish.result.is_some() =>
+            // The layer keeps status and headers only for a body too large; the gateway
+            // forgets any result its window refuses (the upstream still has it).
+            e if finish.result.is_some()
+                && (matches!(e, StoreError::ResultTooLarge { .. })
+                    || (policy.too_large == TooLarge::Forget
+                        && e.kind() == ErrorKind::InvalidInput)) =>
             {
                 tracing::warn!(scope = %token.scope, error = %e, "result too large to keep");
                 match (policy.too_large, finish.result.as_mut()) {

@@ -233,9 +233,23 @@ impl SqliteStore {
     /// writes through `tx` only: a method of this store that starts its own transaction
     /// would wait for this one.
     ///
-    /// ```no_run
-    /// # use idem_core::{Lease, LeaseError};
-    /// # async fn demo(store: idem_sqlite::SqliteStore, lease: Lease) -> Result<(), LeaseError> {
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idem_core::{LeaseError, LeaseName, LeaseStore, OwnerId};
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = idem_sqlite::SqliteStore::open_path(dir.path().join("idem.db")).await?;
+    /// # sqlx::query("CREATE TABLE inventory (event INTEGER, held INTEGER)")
+    /// #     .execute(store.pool()).await?;
+    /// # sqlx::query("INSERT INTO inventory VALUES (42, 3)").execute(store.pool()).await?;
+    /// let name = LeaseName::new("inventory:event-42")?;
+    /// let owner = OwnerId::new("worker-1")?;
+    /// let lease = store
+    ///     .try_acquire(&name, &owner, Duration::from_secs(10))
+    ///     .await?
+    ///     .granted()
+    ///     .expect("nobody else holds it");
     /// let event = 42_i64;
     /// store
     ///     .fenced_write("inventory:event-42", &lease, move |tx| {
@@ -245,11 +259,13 @@ impl SqliteStore {
     ///                 .execute(tx)
     ///                 .await
     ///                 .map_err(|e| LeaseError::Backend(e.to_string()))?;
-    ///             Ok(())
+    ///             Ok::<_, LeaseError>(())
     ///         })
     ///     })
-    ///     .await
-    /// # }
+    ///     .await?;
+    /// # let held: i64 = sqlx::query_scalar("SELECT held FROM inventory").fetch_one(store.pool()).await?;
+    /// # assert_eq!(held, 2);
+    /// # Ok(()) }
     /// ```
     pub async fn fenced_write<T, E, F>(
         &self,

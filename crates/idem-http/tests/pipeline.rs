@@ -1,0 +1,200 @@
+//! The shared pipeline steps against a real store (SQLite): waiting for the first
+//! execution, the shutdown's cut-off, the lease heartbeat.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use idem_conformance::{fresh_tenant, request};
+use idem_core::{
+    Claim, ClaimRequest, ClaimToken, Finish, IdempotencyStore, Millis, Record, Scope, StoreError,
+};
+use idem_http::pipeline::{self, Executions, LocalWakeups, Ran, Turn};
+use idem_http::InProgressMode;
+use idem_sqlite::SqliteStore;
+
+async fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open_path(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    (dir, Arc::new(store))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_finish_and_replays() {
+    let (_dir, store) = store().await;
+    let wakeups = LocalWakeups::default();
+    let cut_off = Executions::default();
+    let tenant = fresh_tenant();
+    let first = request(&tenant, "k", "p", "a");
+    let Claim::Proceed(token) = store.claim(&first).await.unwrap() else {
+        panic!("first claim proceeds")
+    };
+    let waiter = {
+        let (store, wakeups) = (store.clone(), wakeups.clone());
+        let req = request(&tenant, "k", "p", "b");
+        tokio::spawn(async move {
+            let cut_off = Executions::default();
+            let mode = InProgressMode::Wait {
+                max_wait: Duration::from_secs(20),
+            };
+            pipeline::claim(store.as_ref(), &wakeups, &req, mode, &cut_off).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let result = idem_conformance::result("{}");
+    store.complete(&token, result).await.unwrap();
+    pipeline::Wakeups::publish(&wakeups, &first.scope).await;
+    let claimed = waiter.await.unwrap().unwrap();
+    assert!(claimed.waited);
+    assert!(
+        matches!(claimed.turn, Turn::Replay(_)),
+        "{:?}",
+        claimed.turn
+    );
+    // Woken, not by the 30 s lease deadline.
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(cut_off);
+}
+
+/// The real store, counting claims.
+struct Counting {
+    inner: Arc<SqliteStore>,
+    claims: AtomicUsize,
+}
+
+#[async_trait]
+impl IdempotencyStore for Counting {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(req).await
+    }
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+        self.inner.finish(token, finish).await
+    }
+    async fn extend_lease(
+        &self,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
+        self.inner.extend_lease(token, lease).await
+    }
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        self.inner.get(scope).await
+    }
+    async fn unique_guard(&self) -> Result<bool, StoreError> {
+        self.inner.unique_guard().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cut_off_answers_a_waiter_without_claiming_again() {
+    let (_dir, store) = store().await;
+    let tenant = fresh_tenant();
+    let first = request(&tenant, "k", "p", "a");
+    assert!(matches!(
+        store.claim(&first).await.unwrap(),
+        Claim::Proceed(_)
+    ));
+    let cut_off = Arc::new(Executions::default());
+    let counting = Arc::new(Counting {
+        inner: store.clone(),
+        claims: AtomicUsize::new(0),
+    });
+    let waiter = {
+        let (store, cut_off) = (counting.clone(), cut_off.clone());
+        let req = request(&tenant, "k", "p", "b");
+        tokio::spawn(async move {
+            let mode = InProgressMode::Wait {
+                max_wait: Duration::from_secs(20),
+            };
+            let wakeups = LocalWakeups::default();
+            pipeline::claim(store.as_ref(), &wakeups, &req, mode, &cut_off).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let claims_before = counting.claims.load(Ordering::SeqCst);
+    assert_eq!(
+        claims_before, 2,
+        "claim, subscribe, claim again, then sleep"
+    );
+    cut_off.cancel();
+    let claimed = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the cut-off ends the wait at once")
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(claimed.turn, Turn::InProgress { lease_left } if lease_left > Duration::from_secs(20)),
+        "{:?}",
+        claimed.turn
+    );
+    assert_eq!(
+        counting.claims.load(Ordering::SeqCst),
+        claims_before,
+        "no claim after the cut-off: it could start an execution past the grace"
+    );
+    // The first owner still holds the key.
+    let record = store.get(&first.scope).await.unwrap().unwrap();
+    assert_eq!(record.owner.as_ref().map(|o| o.as_str()), Some("a"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_lease_renews_and_a_cut_off_drops_the_work() {
+    let (_dir, store) = store().await;
+    let tenant = fresh_tenant();
+    let mut req = request(&tenant, "k", "p", "a");
+    req.lease = Duration::from_millis(300);
+    let Claim::Proceed(token) = store.claim(&req).await.unwrap() else {
+        panic!("proceeds")
+    };
+    let cut_off = Executions::default();
+    // Work three leases long: the heartbeat must keep the claim ours.
+    let ran = pipeline::under_lease(
+        store.as_ref(),
+        &token,
+        req.lease,
+        &cut_off,
+        tokio::time::sleep(Duration::from_millis(900)),
+    )
+    .await;
+    assert!(matches!(ran, Ran::Done(())));
+    let mut other = request(&tenant, "k", "p", "b");
+    other.lease = Duration::from_secs(5);
+    assert!(
+        matches!(store.claim(&other).await.unwrap(), Claim::InProgress { .. }),
+        "the renewed lease still holds"
+    );
+
+    let dropped = Arc::new(AtomicBool::new(false));
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let flag = Flag(dropped.clone());
+    let work = async move {
+        let _flag = flag;
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    };
+    let cut = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cut_off.cancel();
+    };
+    let (ran, ()) = tokio::join!(
+        pipeline::under_lease(store.as_ref(), &token, req.lease, &cut_off, work),
+        cut
+    );
+    assert!(matches!(ran, Ran::CutOff));
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the cut-off work was dropped"
+    );
+}
