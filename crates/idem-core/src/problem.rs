@@ -70,28 +70,21 @@ pub enum ProblemKind {
 }
 
 impl ProblemKind {
-    pub const ALL: [ProblemKind; 20] = [
-        ProblemKind::MissingKey,
-        ProblemKind::InvalidKey,
-        ProblemKind::UnreadableBody,
-        ProblemKind::Unauthenticated,
-        ProblemKind::RequestInProgress,
-        ProblemKind::RequestTooLarge,
-        ProblemKind::KeyReused,
-        ProblemKind::ExecutionFailed,
-        ProblemKind::ResultNotStored,
-        ProblemKind::StoreError,
-        ProblemKind::StoreUnavailable,
-        ProblemKind::ExecutionTimeout,
-        ProblemKind::KeyExpired,
-        ProblemKind::UpstreamUnavailable,
-        ProblemKind::UpstreamTimeout,
-        ProblemKind::UpstreamResultUnknown,
-        ProblemKind::UpstreamResponseTooLarge,
-        ProblemKind::RequestTimeout,
-        ProblemKind::NotFound,
-        ProblemKind::ConnectionNamesEndToEnd,
-    ];
+    /// Every case: the layer's, then the gateway's.
+    pub const ALL: [ProblemKind; 20] = {
+        let mut all = [ProblemKind::MissingKey; 20];
+        let mut i = 0;
+        while i < Self::LAYER.len() {
+            all[i] = Self::LAYER[i];
+            i += 1;
+        }
+        let mut j = 0;
+        while j < Self::GATEWAY.len() {
+            all[Self::LAYER.len() + j] = Self::GATEWAY[j];
+            j += 1;
+        }
+        all
+    };
 
     /// The cases the server-side layer answers with.
     pub const LAYER: [ProblemKind; 13] = [
