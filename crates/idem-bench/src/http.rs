@@ -3,11 +3,13 @@
 //!
 //! Every phase drives a real server on 127.0.0.1:0 with concurrent reqwest clients (the
 //! store phase calls the store directly) for a fixed time, so the whole run is bounded.
-//! Figures are reported as ratios; absolute numbers depend on the host. This module only
+//! Figures are reported as ratios; absolute numbers depend on the host. The store is the
+//! one `database_url` names (SQLite, PostgreSQL in a schema of its own, Redis under a key
+//! prefix of its own, each removed afterwards) or a temporary SQLite file; the report
+//! names the backend it measured. This module only
 //! measures, through the layer's public API: it must not change the layer's configuration
 //! beyond what a phase needs.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +22,7 @@ use idem_core::{
     StoreError, StoredResult, TenantId,
 };
 use idem_http::{BearerTokens, IdempotencyLayer, Identity};
-use idem_sqlite::{SqliteOptions, SqliteStore};
+use idem_sql::{redact, Backend, OpenOptions, Store};
 use serde::{Deserialize, Serialize};
 
 /// What to run.
@@ -30,8 +32,9 @@ pub struct BenchOptions {
     pub phase: Duration,
     /// Concurrent clients (store phase: concurrent tasks).
     pub concurrency: usize,
-    /// The SQLite file to use; a fresh temporary file when `None`.
-    pub db_path: Option<PathBuf>,
+    /// The store to measure (`sqlite:…`, `postgres://…`, `redis://…`); a fresh
+    /// temporary SQLite file when `None`.
+    pub database_url: Option<String>,
     /// Distinct keys cycled through in the replay phase.
     pub replay_keys: usize,
 }
@@ -41,7 +44,7 @@ impl Default for BenchOptions {
         Self {
             phase: Duration::from_millis(1500),
             concurrency: 16,
-            db_path: None,
+            database_url: None,
             replay_keys: 256,
         }
     }
@@ -59,7 +62,10 @@ pub struct PhaseRate {
 /// The result of [`bench()`]; the ratios are what to compare across machines.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HttpBenchReport {
+    /// The store measured: `sqlite`, `postgres` or `redis`.
     pub backend: String,
+    /// Where (the URL without its password, or the temporary file).
+    pub database: String,
     pub concurrency: usize,
     pub phase_seconds: f64,
     pub phases: Vec<PhaseRate>,
@@ -170,15 +176,66 @@ async fn post_order(client: &reqwest::Client, url: &str, key: Option<&str>) -> b
 pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError> {
     let concurrency = options.concurrency.max(1);
     let phase = options.phase;
-    let tempdir;
-    let path = match &options.db_path {
-        Some(path) => path.clone(),
-        None => {
-            tempdir = tempfile::tempdir()?;
-            tempdir.path().join("bench.db")
-        }
+    let tempdir = tempfile::tempdir()?;
+    let (url, database) = match &options.database_url {
+        Some(url) => (url.clone(), redact(url)),
+        None => (
+            format!("sqlite://{}", tempdir.path().join("bench.db").display()),
+            "temporary SQLite file".to_owned(),
+        ),
     };
-    let store = SqliteStore::open(SqliteOptions::new(path)).await?;
+    let run_id = uuid::Uuid::now_v7().simple().to_string();
+    let open = OpenOptions {
+        pg_schema: Some(format!("idem_bench_http_{run_id}")),
+        pg_max_connections: Some(u32::try_from(concurrency + 4).unwrap_or(64)),
+        redis_prefix: Some(format!("idem-bench-http-{run_id}")),
+        ..OpenOptions::default()
+    };
+    let opened = Store::open(&url, &open).await?;
+    let measured = measure(opened.records(), concurrency, phase, options.replay_keys).await;
+    let cleaned = clean_up(&opened, &url, &open).await;
+    let mut report = measured?;
+    cleaned?;
+    report.database = database;
+    Ok(report)
+}
+
+/// Removes what the run wrote outside a temporary file: its schema or its key prefix.
+async fn clean_up(store: &Store, url: &str, open: &OpenOptions) -> Result<(), BenchError> {
+    match store.backend() {
+        Backend::Sqlite => Ok(()),
+        Backend::Postgres => {
+            let pg = store.sql().and_then(idem_sql::SqlStore::postgres);
+            if let (Some(pg), Some(schema)) = (pg, &open.pg_schema) {
+                sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                    .execute(pg.pool())
+                    .await
+                    .map_err(|e| BenchError::Setup(format!("dropping the bench schema: {e}")))?;
+            }
+            Ok(())
+        }
+        Backend::Redis => {
+            let Some(prefix) = &open.redis_prefix else {
+                return Ok(());
+            };
+            let removed = async {
+                let client = redis::Client::open(url)?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                crate::cleanup::unlink_prefix(&mut conn, prefix).await
+            };
+            removed
+                .await
+                .map_err(|e| BenchError::Setup(format!("removing the bench keys: {e}")))
+        }
+    }
+}
+
+async fn measure(
+    store: Arc<dyn IdempotencyStore>,
+    concurrency: usize,
+    phase: Duration,
+    replay_keys: usize,
+) -> Result<HttpBenchReport, BenchError> {
     let tenant = TenantId::new("bench").map_err(|e| BenchError::Setup(e.to_string()))?;
     let principal = Principal::new("bench").map_err(|e| BenchError::Setup(e.to_string()))?;
     let auth = BearerTokens::new().with(TOKEN, Identity::new(tenant.clone(), principal.clone()));
@@ -251,7 +308,7 @@ pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError>
     // 3. With the layer, fresh keys.
     let layered = Router::new()
         .route("/v1/orders", post(create_order))
-        .layer(IdempotencyLayer::new(store.clone(), auth));
+        .layer(IdempotencyLayer::from_arcs(store.clone(), Arc::new(auth)));
     let (url, server) = serve(layered).await?;
     {
         let (client, url, run) = (client.clone(), url.clone(), run.clone());
@@ -267,7 +324,7 @@ pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError>
 
     // 4. With the layer, replay hits.
     let keys: Arc<Vec<String>> = Arc::new(
-        (0..options.replay_keys.max(1))
+        (0..replay_keys.max(1))
             .map(|i| format!("replay-{run}-{i}"))
             .collect(),
     );
@@ -301,6 +358,7 @@ pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError>
     const TARGET: f64 = 0.8;
     Ok(HttpBenchReport {
         backend: store.backend().to_owned(),
+        database: String::new(),
         concurrency,
         phase_seconds: phase.as_secs_f64(),
         fresh_vs_plain: ratio(fresh, rate("plain")),

@@ -16,6 +16,7 @@
 //! out), or change a library's configuration beyond what a measurement needs. Figures
 //! are ratios measured in one run; absolute numbers depend on the host.
 
+pub mod cleanup;
 pub mod demo;
 pub mod gateway;
 pub mod http;

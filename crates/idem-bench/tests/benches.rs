@@ -138,3 +138,66 @@ async fn gateway_bench_smoke() {
         assert!(text.contains("not measured (no nginx)"), "{text}");
     }
 }
+
+/// `--database-url` is honoured: the run measures the store it names, says so, and
+/// leaves nothing behind on the shared server.
+async fn http_bench_on(url: &str, backend: &str) -> Option<idem_bench::http::HttpBenchReport> {
+    let report = idem_bench::http::bench(idem_bench::http::BenchOptions {
+        phase: Duration::from_millis(200),
+        concurrency: 2,
+        replay_keys: 8,
+        database_url: Some(url.to_owned()),
+    })
+    .await;
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            idem_conformance::skip_or_fail(backend, &e);
+            return None;
+        }
+    };
+    assert_eq!(report.backend, backend);
+    assert!(!report.database.contains("sqlite"), "{}", report.database);
+    for p in &report.phases {
+        assert!(p.ok > 0, "{} made no requests on {backend}", p.phase);
+    }
+    Some(report)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_bench_measures_postgres_when_told_to() {
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if http_bench_on(&url, "postgres").await.is_none() {
+        return;
+    }
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let left: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name LIKE 'idem_bench_http_%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "the bench schema is dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_bench_measures_redis_when_told_to() {
+    let url =
+        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    if http_bench_on(&url, "redis").await.is_none() {
+        return;
+    }
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("MATCH")
+        .arg("idem-bench-http-*")
+        .arg("COUNT")
+        .arg(100_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "bench keys left behind: {}", keys.len());
+}

@@ -758,34 +758,12 @@ impl Baseline for RedisBaseline {
     }
 }
 
-/// Removes every key under `prefix:` (what a bench wrote), in SCAN batches.
+/// Removes every key under `prefix:` (what a bench wrote).
 pub(crate) async fn unlink_prefix(
     conn: &redis::aio::ConnectionManager,
     prefix: &str,
 ) -> Result<(), StoreError> {
-    let mut c = conn.clone();
-    let pattern = format!("{prefix}:*");
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut c)
-            .await
-            .map_err(redis_err)?;
-        if !keys.is_empty() {
-            let _: () = redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async(&mut c)
-                .await
-                .map_err(redis_err)?;
-        }
-        if next == 0 {
-            return Ok(());
-        }
-        cursor = next;
-    }
+    idem_bench::cleanup::unlink_prefix(&mut conn.clone(), prefix)
+        .await
+        .map_err(redis_err)
 }

@@ -305,7 +305,9 @@ enum BenchCommand {
         json: bool,
     },
     /// Requests per second through an axum app with the layer against the same app
-    /// without it (fresh keys, replay hits) and the store's own claim+complete rate.
+    /// without it (fresh keys, replay hits) and the store's own claim+complete rate, on
+    /// the store `--database-url` names (a schema or key prefix of its own, removed
+    /// afterwards) or a temporary SQLite file.
     Http {
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
@@ -670,9 +672,11 @@ async fn run(
                     "--phase and --concurrency must be positive".into(),
                 ));
             }
+            // Without an explicit URL: a temporary SQLite file, not the working one.
             let report = idem_bench::http::bench(idem_bench::http::BenchOptions {
                 phase: Duration::from_secs_f64(phase),
                 concurrency,
+                database_url: explicit_url,
                 ..Default::default()
             })
             .await
