@@ -14,6 +14,7 @@
 //! installs it: when there is none the report says so (text and JSON) and the nginx
 //! column and ratios are left out. It drives the gateway through its public API only.
 
+use crate::saturation::{Meter, Saturation};
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::future::Future;
@@ -109,6 +110,9 @@ pub struct Scenario {
     pub gateway_vs_direct: f64,
     /// Gateway throughput / nginx throughput (when nginx ran).
     pub gateway_vs_nginx: Option<f64>,
+    /// What the gateway's last round was limited by (client, gateway and upstream share
+    /// the machine).
+    pub gateway_saturation: Option<Saturation>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -179,6 +183,9 @@ impl BenchReport {
             match sc.gateway_vs_nginx {
                 Some(r) => s.push_str(&format!("  gateway/nginx {r:.2}\n")),
                 None => s.push_str("  gateway/nginx n/a\n"),
+            }
+            if let Some(sat) = &sc.gateway_saturation {
+                s.push_str(&format!("  saturated: {}\n", sat.saturated));
             }
         }
         let st = &self.storm;
@@ -292,10 +299,15 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
         .filter(|k| options.scenarios.iter().any(|s| s == k.slug()));
     for scenario in chosen {
         let mut loads: Vec<Load> = targets.iter().map(|_| Load::default()).collect();
+        let mut gateway_saturation = None;
         for round in 0..options.rounds.max(1) {
             for (i, (name, addr)) in targets.iter().enumerate() {
                 let prefix = format!("{run_id}-{}-{name}-{round}", scenario.slug());
+                let meter = Meter::start();
                 let l = drive(*addr, concurrency, phase, scenario, &prefix).await;
+                if *name == "gateway" {
+                    gateway_saturation = Some(meter.stop("the gateway's proxying"));
+                }
                 loads[i].merge(l);
             }
         }
@@ -311,6 +323,7 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
             gateway_vs_direct: ratio(gw, rps("direct").unwrap_or(0.0)),
             gateway_vs_nginx: rps("nginx").map(|n| ratio(gw, n)),
             targets: results,
+            gateway_saturation,
         });
     }
 

@@ -23,6 +23,8 @@ use idem_core::{
 };
 use idem_http::{BearerTokens, IdempotencyLayer, Identity};
 use idem_sql::{redact, Backend, OpenOptions, Store};
+
+use crate::saturation::{Meter, Saturation};
 use serde::{Deserialize, Serialize};
 
 /// What to run.
@@ -78,6 +80,8 @@ pub struct HttpBenchReport {
     /// The bar `fresh_vs_store` should reach.
     pub fresh_vs_store_target: f64,
     pub meets_target: bool,
+    /// What the layer's fresh-key phase was limited by.
+    pub saturation: Saturation,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -310,6 +314,7 @@ async fn measure(
         .route("/v1/orders", post(create_order))
         .layer(IdempotencyLayer::from_arcs(store.clone(), Arc::new(auth)));
     let (url, server) = serve(layered).await?;
+    let meter = Meter::start();
     {
         let (client, url, run) = (client.clone(), url.clone(), run.clone());
         phases.push(
@@ -321,6 +326,8 @@ async fn measure(
             .await,
         );
     }
+
+    let saturation = meter.stop(store_limit(store.backend()));
 
     // 4. With the layer, replay hits.
     let keys: Arc<Vec<String>> = Arc::new(
@@ -367,5 +374,16 @@ async fn measure(
         fresh_vs_store_target: TARGET,
         meets_target: fresh_vs_store >= TARGET,
         phases,
+        saturation,
     })
+}
+
+/// What bounds a store when neither the CPU nor the disk does.
+pub fn store_limit(backend: &str) -> &'static str {
+    match backend {
+        "sqlite" => "commits: SQLite's single writer",
+        "postgres" => "commits and round trips to PostgreSQL",
+        "redis" => "round trips to Redis",
+        _ => "the store",
+    }
 }

@@ -21,4 +21,5 @@ pub mod demo;
 pub mod gateway;
 pub mod http;
 pub mod reconcile;
+pub mod saturation;
 pub mod sweep;

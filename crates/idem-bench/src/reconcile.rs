@@ -6,6 +6,7 @@
 //! file, PostgreSQL in a fresh schema that is dropped at the end. The dry run is
 //! [`idem_orders::reconcile::survey`], the same scan and plan `idem reconcile` runs.
 
+use crate::saturation::{Meter, Saturation};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
@@ -52,6 +53,8 @@ pub struct BenchReport {
     pub reconcile_orders_per_s: f64,
     /// reconcile_orders_per_s / raw_orders_per_s.
     pub ratio: f64,
+    /// What the last reconcile round was limited by.
+    pub saturation: Saturation,
 }
 
 impl BenchReport {
@@ -60,7 +63,8 @@ impl BenchReport {
             "reconcile scan on {} ({}): {} orders, {} duplicate clusters (load {} ms)\n\
              raw ordered SELECT:  {:>10.0} orders/s ({} ms)\n\
              reconcile dry run:   {:>10.0} orders/s ({} ms)\n\
-             ratio reconcile/raw: {:.2}\n",
+             ratio reconcile/raw: {:.2}\n\
+             saturated: {}\n",
             self.backend,
             self.database,
             self.orders,
@@ -70,7 +74,8 @@ impl BenchReport {
             self.raw_ms,
             self.reconcile_orders_per_s,
             self.reconcile_ms,
-            self.ratio
+            self.ratio,
+            self.saturation.saturated
         )
     }
 }
@@ -225,13 +230,16 @@ async fn measure(db: &Database, o: &BenchOptions) -> Result<BenchReport, Error> 
     let mut best_rec = Duration::MAX;
     let mut clusters = 0;
     let mut scanned = 0;
+    let mut saturation = None;
     for _ in 0..o.rounds.max(1) {
         let t = Instant::now();
         let rows = raw(db).await?;
         best_raw = best_raw.min(t.elapsed());
         let t = Instant::now();
+        let meter = Meter::start();
         let s = survey(db, &options).await?;
         best_rec = best_rec.min(t.elapsed());
+        saturation = Some(meter.stop("reading and grouping the orders"));
         if s.orders != rows {
             return Err(Error::Backend(format!(
                 "the scan read {} orders, the raw SELECT {rows}",
@@ -253,5 +261,6 @@ async fn measure(db: &Database, o: &BenchOptions) -> Result<BenchReport, Error> 
         reconcile_ms: best_rec.as_millis() as u64,
         reconcile_orders_per_s: rate(best_rec),
         ratio: rate(best_rec) / rate(best_raw),
+        saturation: saturation.unwrap_or_else(|| Meter::start().stop("nothing measured")),
     })
 }

@@ -28,6 +28,7 @@ use idem_core::{
 };
 use serde::Serialize;
 
+use crate::saturation::{Meter, Saturation};
 use idem_sql::SqlStore;
 use idem_sweep::{SweepOptions, SweepReport, Sweeper};
 
@@ -113,6 +114,8 @@ pub struct BenchReport {
     pub target_ratio: f64,
     pub bytes_per_record: Vec<TierUsage>,
     pub sweep: SweepReport,
+    /// What the sweep (with the claims beside it) was limited by.
+    pub saturation: Saturation,
 }
 
 /// Runs the benchmark on `sql`: claims and retention on the same database, seeded
@@ -147,6 +150,7 @@ pub async fn bench(sql: &SqlStore, options: BenchOptions) -> Result<BenchReport,
     // Slices: even without the sweep, odd with it; the sweep's working time is the sum
     // of the odd slices up to the moment it ends.
     let clock = Arc::new(SliceClock::new());
+    let meter = Meter::start();
     let sweep = {
         let done = done.clone();
         let sweeper = sweeper.clone();
@@ -187,6 +191,7 @@ pub async fn bench(sql: &SqlStore, options: BenchOptions) -> Result<BenchReport,
         .await
         .map_err(|e| StoreError::Backend(format!("sweep task: {e}")))?;
     let _ = toggler.await;
+    let saturation = meter.stop(crate::http::store_limit(retention.backend()));
     let report = report?;
     let samples = samples?;
     let (with, without): (Vec<_>, Vec<_>) = samples.into_iter().partition(|s| s.slice % 2 == 1);
@@ -268,6 +273,7 @@ pub async fn bench(sql: &SqlStore, options: BenchOptions) -> Result<BenchReport,
         target_ratio: 1.5,
         bytes_per_record,
         sweep: report,
+        saturation,
     })
 }
 
@@ -414,6 +420,7 @@ pub fn print_human(r: &BenchReport) {
     };
     l("claims alone", &r.claims_without_sweep);
     l("claims + sweep", &r.claims_during_sweep);
+    println!("  saturated      {}", r.saturation.saturated);
     match r.p99_ratio {
         Some(ratio) => println!(
             "  claim p99 ratio {ratio:.2}× (target ≤ {:.1}×)",

@@ -36,6 +36,13 @@ async fn http_bench_smoke() {
     assert!(report.fresh_vs_plain > 0.0 && report.replay_vs_plain > 0.0);
     assert!(report.fresh_vs_store > 0.0);
     assert_eq!(report.backend, "sqlite");
+    // Says what it was limited by, from the kernel's counters.
+    assert!(
+        report.saturation.process_cores > 0.0,
+        "{:?}",
+        report.saturation
+    );
+    assert!(!report.saturation.saturated.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,6 +126,11 @@ async fn gateway_bench_smoke() {
         }
         assert!(s.gateway_vs_direct > 0.0);
         assert_eq!(s.gateway_vs_nginx.is_some(), report.nginx.available);
+        let sat = s
+            .gateway_saturation
+            .as_ref()
+            .expect("the gateway's rounds are metered");
+        assert!(!sat.saturated.is_empty());
     }
     let st = &report.storm;
     assert!(st.one_upstream_call, "{st:?}");

@@ -52,6 +52,8 @@ pub struct BenchReport {
     /// PostgreSQL only (and not with `--no-growth`): claim latency as the table grows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub growth: Option<Growth>,
+    /// What the throughput phases (both sides) were limited by.
+    pub saturation: idem_bench::saturation::Saturation,
 }
 
 /// Claim p50 on fresh keys with few and with many stored keys (PostgreSQL). Target:
@@ -206,6 +208,7 @@ pub async fn run(
     let run_id = uuid::Uuid::now_v7().simple().to_string();
 
     // claim+complete on fresh keys
+    let meter = idem_bench::saturation::Meter::start();
     let mut idem = Load::default();
     let mut base = Load::default();
     for round in 0..ROUNDS {
@@ -289,6 +292,7 @@ pub async fn run(
         );
     }
     let replay_phase = phase("replay", baseline.describe_replay(), idem, base);
+    let saturation = meter.stop(idem_bench::http::store_limit(store.backend()));
 
     // After the throughput phases: it empties the store's table first.
     let growth = match growth {
@@ -302,6 +306,7 @@ pub async fn run(
         duration_s: duration.as_secs_f64(),
         phases: vec![claim_phase, replay_phase],
         growth,
+        saturation,
     })
 }
 
@@ -318,6 +323,7 @@ pub fn print_human(r: &BenchReport) {
         );
         println!("  {:<15} baseline: {}", "", p.baseline);
     }
+    println!("  {:<15} {}", "saturated", r.saturation.saturated);
     if let Some(g) = &r.growth {
         println!(
             "  {:<15} claim p50 {} us (p99 {} us) with {} stored keys, {} us (p99 {} us) with {}  ratio {:.2} (target <= 1.50)",

@@ -158,6 +158,8 @@ pub struct LockBenchReport {
     pub concurrency: usize,
     pub duration_s: f64,
     pub phase: Phase,
+    /// What the run (both sides) was limited by.
+    pub saturation: idem_bench::saturation::Saturation,
 }
 
 async fn targets(
@@ -236,6 +238,7 @@ pub async fn run(
     let run_id = uuid::Uuid::now_v7().simple().to_string();
     let mut idem = crate::bench::Load::default();
     let mut base = crate::bench::Load::default();
+    let meter = idem_bench::saturation::Meter::start();
     let outcome: Result<(), StoreError> = async {
         for round in 0..2 {
             let r = raw_lock.clone();
@@ -277,10 +280,12 @@ pub async fn run(
         Ok(())
     }
     .await;
+    let saturation = meter.stop(idem_bench::http::store_limit(backend));
     let cleaned = raw_lock.cleanup().await;
     outcome?;
     cleaned?;
     Ok(LockBenchReport {
+        saturation,
         backend,
         concurrency,
         duration_s: duration.as_secs_f64(),
@@ -298,5 +303,6 @@ pub fn print_human(r: &LockBenchReport) {
         "  acquire+release  idem {:>8.0} cycles/s (p50 {} us, p99 {} us)  baseline {:>8.0} cycles/s (p50 {} us, p99 {} us)  ratio {:.2}",
         p.idem_ops_per_s, p.idem_p50_us, p.idem_p99_us, p.baseline_ops_per_s, p.baseline_p50_us, p.baseline_p99_us, p.ratio
     );
+    println!("  saturated        {}", r.saturation.saturated);
     println!("  baseline: {}", p.baseline);
 }
