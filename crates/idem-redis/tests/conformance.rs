@@ -1,5 +1,6 @@
 //! The shared store scenarios, run against Redis (`IDEM_TEST_REDIS_URL`, default
-//! `redis://127.0.0.1:6379`). Each test gets its own key prefix, deleted afterwards.
+//! `redis://127.0.0.1:6379`) and against Valkey (`IDEM_TEST_VALKEY_URL`, default
+//! `redis://127.0.0.1:6390`). Each test gets its own key prefix, deleted afterwards.
 
 mod common;
 
@@ -10,3 +11,12 @@ async fn harness() -> Option<RedisHarness> {
 }
 
 idem_conformance::store_tests!(harness());
+
+/// The same scenarios on Valkey.
+mod valkey {
+    async fn harness() -> Option<super::RedisHarness> {
+        super::RedisHarness::valkey().await
+    }
+
+    idem_conformance::store_tests!(harness());
+}

@@ -130,16 +130,29 @@ impl LeaseHarness for RedisLeaseHarness {
     }
 }
 
-async fn harness() -> Option<RedisLeaseHarness> {
+async fn on(redis: Option<RedisHarness>) -> Option<RedisLeaseHarness> {
     Some(RedisLeaseHarness {
-        redis: RedisHarness::new().await?,
+        redis: redis?,
         side: OnceCell::new(),
         fence: OnceCell::new(),
         dir: tempfile::tempdir().expect("tempdir"),
     })
 }
 
+async fn harness() -> Option<RedisLeaseHarness> {
+    on(RedisHarness::new().await).await
+}
+
 idem_conformance::lease_tests!(harness());
+
+/// The same scenarios on Valkey.
+mod valkey {
+    async fn harness() -> Option<super::RedisLeaseHarness> {
+        super::on(super::RedisHarness::valkey().await).await
+    }
+
+    idem_conformance::lease_tests!(harness());
+}
 
 fn owner(s: &str) -> OwnerId {
     OwnerId::new(s).unwrap()

