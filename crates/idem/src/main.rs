@@ -14,6 +14,7 @@ mod bench_lock;
 mod drill;
 mod keys;
 mod lock;
+mod log;
 mod open;
 mod reconcile;
 mod service;
@@ -30,6 +31,16 @@ struct Cli {
     /// Store to use: sqlite://PATH (default ./idem-data/idem.db).
     #[arg(long, global = true, env = "IDEM_DATABASE_URL")]
     database_url: Option<String>,
+    /// Log lines on stderr as text or as one JSON object per line (filter: IDEM_LOG,
+    /// else RUST_LOG).
+    #[arg(
+        long,
+        global = true,
+        env = "IDEM_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    log_format: log::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -366,14 +377,10 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
-                .unwrap_or_else(|_| "warn,sqlx=error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    if let Err(e) = log::init(cli.log_format) {
+        return fail(e);
+    }
     let url = cli.database_url.clone().unwrap_or_else(open::default_url);
     match run(cli.command, &url, cli.database_url.clone()).await {
         Ok(code) => code,

@@ -468,3 +468,56 @@ fn sweep_duty_outside_zero_one_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+fn drill_logging(url: &str, env: &[(&str, &str)], extra: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.arg("--database-url")
+        .arg(url)
+        .args(extra)
+        .args(["drill", "--duplicates", "4", "--json"])
+        .env_remove("IDEM_DATABASE_URL")
+        .env_remove("IDEM_LOG")
+        .env_remove("RUST_LOG")
+        .env_remove("IDEM_LOG_FORMAT");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run idem")
+}
+
+#[test]
+fn logs_follow_the_filter_variables_and_carry_no_escape_codes_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+
+    // RUST_LOG alone is honoured; stderr is a pipe here, so no colour codes.
+    let out = drill_logging(&url, &[("RUST_LOG", "debug")], &[]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().count() > 0, "RUST_LOG=debug logged nothing");
+    assert!(
+        !err.contains('\u{1b}'),
+        "escape codes in a piped log: {err}"
+    );
+
+    // IDEM_LOG wins over RUST_LOG.
+    let out = drill_logging(&url, &[("RUST_LOG", "debug"), ("IDEM_LOG", "error")], &[]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+
+    // One JSON object per line.
+    let out = drill_logging(&url, &[("RUST_LOG", "debug")], &["--log-format", "json"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().count() > 0);
+    for line in err.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["level"].is_string(), "{line}");
+    }
+
+    // A filter that does not parse is refused, naming the variable.
+    let out = drill_logging(&url, &[("IDEM_LOG", "warn,[unclosed")], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("IDEM_LOG"));
+}
