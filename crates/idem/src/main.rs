@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use idem_core::{IdempotencyKey, StoreError, TenantId};
 
 mod bench;
@@ -68,8 +68,10 @@ enum Command {
     },
     /// Fire N concurrent duplicates of one fresh intent and check exactly one executes.
     Drill {
+        /// Concurrent duplicates of one fresh intent to fire.
         #[arg(long, default_value_t = 64)]
         duplicates: usize,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
@@ -96,6 +98,7 @@ enum Command {
     },
     /// Run the ticketing order service (SQLite by default, or PostgreSQL).
     Serve {
+        /// Address to listen on (default 127.0.0.1:8080).
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
         /// TENANT=SECRET (repeatable); clients send `Authorization: Bearer SECRET`. The
@@ -135,26 +138,34 @@ enum Command {
     },
     /// Freeze the automatic chain for a scope (user:U, show:S or all).
     Freeze {
+        /// What to act on: user:U, show:S or all.
         #[arg(long)]
         scope: String,
         /// payment-confirm,ticketing,inventory-release (or all)
         #[arg(long, default_value = "all")]
         what: String,
+        /// The tenant, as the service authenticated it.
         #[arg(long)]
         tenant: Option<String>,
+        /// Why, in words; recorded with the change.
         #[arg(long)]
         reason: Option<String>,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// Lift a freeze; queued work resumes.
     Unfreeze {
+        /// What to act on: user:U, show:S or all.
         #[arg(long)]
         scope: String,
+        /// Which automatic steps, comma-separated (payment-confirm, ticketing, inventory-release); all when omitted.
         #[arg(long, default_value = "all")]
         what: String,
+        /// The tenant, as the service authenticated it.
         #[arg(long)]
         tenant: Option<String>,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
@@ -168,10 +179,13 @@ enum Command {
     /// the state machine, release their holds, stop their messages. Dry run by default.
     /// Exit 1 when a ledger check fails, 3 when --apply is refused (chain not frozen).
     Reconcile {
+        /// The tenant, as the service authenticated it.
         #[arg(long)]
         tenant: Option<String>,
+        /// Only this user's orders.
         #[arg(long)]
         user: Option<String>,
+        /// Only this show's orders.
         #[arg(long)]
         show: Option<String>,
         /// Orders created at or after this time (RFC 3339).
@@ -189,6 +203,7 @@ enum Command {
         /// Apply even though the automatic chain is not frozen for the scope.
         #[arg(long)]
         force: bool,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long, conflicts_with = "html")]
         json: bool,
         /// Write a self-contained HTML report to FILE.
@@ -197,6 +212,11 @@ enum Command {
     },
     /// Apply the store's schema migrations (also done on open).
     Migrate,
+    /// Print a shell completion script (bash, zsh, fish, powershell, elvish) to stdout.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
     /// Leases with fencing tokens: acquire, renew, release, show, force-release.
     Lock {
         #[command(subcommand)]
@@ -213,6 +233,7 @@ enum Command {
 enum DemoCommand {
     /// Replay the 20:14 incident with and without idem, side by side.
     Incident {
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
@@ -222,7 +243,9 @@ enum DemoCommand {
 enum LockCommand {
     /// Acquire NAME for OWNER; non-zero exit when not acquired.
     Acquire {
+        /// The lease name.
         name: String,
+        /// The holder's owner id.
         #[arg(long)]
         owner: String,
         /// Lease length: 500ms, 3s, 2m …
@@ -231,42 +254,57 @@ enum LockCommand {
         /// Wait up to this long for the holder to go away.
         #[arg(long, value_parser = lock::parse_duration, default_value = "0s")]
         wait: Duration,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// Renew a lease you hold (owner and token must match).
     Renew {
+        /// The lease name.
         name: String,
+        /// The holder's owner id.
         #[arg(long)]
         owner: String,
+        /// The fencing token the holder was granted.
         #[arg(long)]
         token: i64,
+        /// How long the lease lasts from now, e.g. 3s.
         #[arg(long, value_parser = lock::parse_duration)]
         ttl: Duration,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// Release a lease you hold; non-zero exit when you are not the holder.
     Release {
+        /// The lease name.
         name: String,
+        /// The holder's owner id.
         #[arg(long)]
         owner: String,
+        /// The fencing token the holder was granted.
         #[arg(long)]
         token: i64,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// Holder, token, times, renewals and recent events.
     Show {
+        /// The lease name.
         name: String,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// Admin: release whoever holds NAME; the reason is recorded.
     ForceRelease {
+        /// The lease name.
         name: String,
+        /// Why, in words; recorded with the change.
         #[arg(long)]
         reason: String,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
@@ -279,16 +317,21 @@ enum KeysCommand {
         /// The order number (result reference).
         #[arg(long)]
         order: String,
+        /// The tenant, as the service authenticated it.
         #[arg(long)]
         tenant: Option<String>,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// Show one record: state, version, owner, times, fingerprint, result reference.
     Show {
+        /// The idempotency key.
         key: String,
+        /// The tenant, as the service authenticated it.
         #[arg(long)]
         tenant: String,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
@@ -302,16 +345,19 @@ enum BenchCommand {
         /// Share the window through this Redis during the keyed scenarios.
         #[arg(long)]
         redis_url: Option<String>,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// Lease acquire+release cycles against the raw driver's classic lock.
     Lock {
+        /// Concurrent tasks driving the load.
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
         /// Seconds per side.
         #[arg(long, default_value_t = 4.0)]
         duration: f64,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
@@ -320,36 +366,44 @@ enum BenchCommand {
     /// the store `--database-url` names (a schema or key prefix of its own, removed
     /// afterwards) or a temporary SQLite file.
     Http {
+        /// Concurrent tasks driving the load.
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
         /// Seconds per phase.
         #[arg(long, default_value_t = 1.5)]
         phase: f64,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// Sweep N expired records: records/s, claim p99 with vs without the sweep, bytes
     /// per record in each tier.
     Sweep {
+        /// Expired records to seed and sweep.
         #[arg(long, default_value_t = 1_000_000)]
         records: u64,
+        /// Concurrent tasks driving the load.
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
+        /// Records per sweep batch.
         #[arg(long, default_value_t = 500)]
         batch: usize,
         /// The sweeper's share of wall time, as for `idem sweep --duty`.
         #[arg(long, default_value_t = idem_sweep::DEFAULT_DUTY, value_parser = parse_duty)]
         duty: f64,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
     /// claim+complete and replay throughput against the raw driver doing the naive thing.
     Store {
+        /// Concurrent tasks driving the load.
         #[arg(long, default_value_t = 32)]
         concurrency: usize,
         /// Seconds per phase.
         #[arg(long, default_value_t = 4.0)]
         duration: f64,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
         /// Skip the PostgreSQL growth measurement (claim p50 with 1 thousand and with
@@ -360,11 +414,13 @@ enum BenchCommand {
     /// Reconcile dry run over N bulk-loaded orders (temporary SQLite file or a fresh
     /// PostgreSQL schema): orders/s against a raw ordered SELECT of the same rows.
     Reconcile {
+        /// Orders to bulk-load.
         #[arg(long, default_value_t = 1_000_000)]
         orders: u64,
         /// One intent in this many is a duplicate pair.
         #[arg(long, default_value_t = 500)]
         duplicate_every: u64,
+        /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
     },
@@ -375,15 +431,48 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// A failed command's error, as JSON on stdout when the command was asked for JSON (a
+/// script reading stdout gets an object either way), and as a line on stderr.
+fn fail_json(kind: &str, msg: impl std::fmt::Display) -> ExitCode {
+    print_json(&serde_json::json!({ "error": { "kind": kind, "message": msg.to_string() } }));
+    fail(msg)
+}
+
+/// Whether the command that runs has `--json` set.
+fn wants_json(matches: &ArgMatches) -> bool {
+    let mut m = matches;
+    while let Some((_, sub)) = m.subcommand() {
+        m = sub;
+    }
+    matches!(m.try_get_one::<bool>("json"), Ok(Some(true)))
+}
+
+fn kind_name(kind: idem_core::ErrorKind) -> &'static str {
+    match kind {
+        idem_core::ErrorKind::InvalidInput => "invalid_input",
+        idem_core::ErrorKind::Conflict => "conflict",
+        idem_core::ErrorKind::NotFound => "not_found",
+        idem_core::ErrorKind::Unavailable => "unavailable",
+        _ => "backend",
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let json = wants_json(&matches);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = log::init(cli.log_format) {
-        return fail(e);
+        return if json {
+            fail_json("invalid_input", e)
+        } else {
+            fail(e)
+        };
     }
     let url = cli.database_url.clone().unwrap_or_else(open::default_url);
     match run(cli.command, &url, cli.database_url.clone()).await {
         Ok(code) => code,
+        Err(e) if json => fail_json(kind_name(e.kind()), e),
         Err(e) => fail(e),
     }
 }
@@ -751,6 +840,10 @@ async fn run(
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "idem", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Migrate => {
             open::open_store(url).await?;
             println!("migrations applied to {}", open::redact(url));
@@ -809,5 +902,39 @@ fn parse_duty(text: &str) -> Result<f64, String> {
             "{text} is outside [{}, 1]; 1 means no rest between batches",
             idem_sweep::MIN_DUTY
         ))
+    }
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+
+    fn missing_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        let path = format!("{path} {}", cmd.get_name());
+        if cmd.get_about().is_none() && cmd.get_long_about().is_none() {
+            out.push(format!("{path} (the command)"));
+        }
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                out.push(format!("{path} --{id}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() != "help" {
+                missing_help(sub, &path, out);
+            }
+        }
+    }
+
+    #[test]
+    fn every_command_and_argument_has_help_text() {
+        Cli::command().debug_assert();
+        let mut missing = Vec::new();
+        missing_help(&Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
     }
 }

@@ -521,3 +521,41 @@ fn logs_follow_the_filter_variables_and_carry_no_escape_codes_off_a_terminal() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("IDEM_LOG"));
 }
+
+#[test]
+fn under_json_a_failure_is_a_json_error_too() {
+    let out = idem("mysql://nowhere/db", &["drill", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json(&out);
+    assert_eq!(v["error"]["kind"], "invalid_input", "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unsupported database URL"));
+    // Without --json: the line on stderr only.
+    let out = idem("mysql://nowhere/db", &["drill"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+}
+
+#[test]
+fn completions_are_printed_for_a_shell() {
+    for (shell, marker) in [
+        ("bash", "_idem()"),
+        ("zsh", "#compdef idem"),
+        ("fish", "complete -c idem"),
+    ] {
+        let out = idem("sqlite://unused.db", &["completions", shell]);
+        assert!(out.status.success(), "{shell}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(marker),
+            "{shell}: {}",
+            &text[..text.len().min(200)]
+        );
+        assert!(text.contains("reconcile"), "{shell} completes subcommands");
+    }
+    let out = idem("sqlite://unused.db", &["completions", "tcsh"]);
+    assert_eq!(out.status.code(), Some(2), "an unknown shell is refused");
+}
