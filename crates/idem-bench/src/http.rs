@@ -68,6 +68,9 @@ pub struct HttpBenchReport {
     pub backend: String,
     /// Where (the URL without its password, or the temporary file).
     pub database: String,
+    /// Redis-compatible servers: which one and its version (e.g. `valkey 8.1.8`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
     pub concurrency: usize,
     pub phase_seconds: f64,
     pub phases: Vec<PhaseRate>,
@@ -201,6 +204,7 @@ pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError>
     let mut report = measured?;
     cleaned?;
     report.database = database;
+    report.server = opened.redis().map(|r| r.server().to_string());
     Ok(report)
 }
 
@@ -366,6 +370,7 @@ async fn measure(
     Ok(HttpBenchReport {
         backend: store.backend().to_owned(),
         database: String::new(),
+        server: None,
         concurrency,
         phase_seconds: phase.as_secs_f64(),
         fresh_vs_plain: ratio(fresh, rate("plain")),

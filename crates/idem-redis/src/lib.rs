@@ -191,6 +191,61 @@ impl Default for RedisOptions {
     }
 }
 
+/// What answered at the URL: which server, which version, and the commands idem can use
+/// beyond Redis 7's. Read once at connect (`INFO server`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// `redis` or `valkey` (a server that does not say is taken for Redis).
+    pub name: String,
+    /// The server's own version (`valkey_version` on Valkey, `redis_version` otherwise).
+    pub version: (u32, u32, u32),
+    /// `SET … IFEQ` (compare-and-set without a script): Valkey ≥ 8.1, Redis ≥ 8.4.
+    pub set_ifeq: bool,
+}
+
+impl ServerInfo {
+    /// Reads the `INFO server` text.
+    pub fn parse(info: &str) -> Self {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        let name = field("server_name").unwrap_or("redis").to_ascii_lowercase();
+        let version_text = if name == "valkey" {
+            field("valkey_version").or_else(|| field("redis_version"))
+        } else {
+            field("redis_version")
+        };
+        let version = version_text.map_or((0, 0, 0), parse_version);
+        let set_ifeq = match name.as_str() {
+            "valkey" => version >= (8, 1, 0),
+            _ => version >= (8, 4, 0),
+        };
+        Self {
+            name,
+            version,
+            set_ifeq,
+        }
+    }
+}
+
+impl std::fmt::Display for ServerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (a, b, c) = self.version;
+        write!(f, "{} {a}.{b}.{c}", self.name)
+    }
+}
+
+fn parse_version(text: &str) -> (u32, u32, u32) {
+    let mut parts = text.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    )
+}
+
 /// Idempotency records in Redis. Cheap to clone; clones share one connection.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -204,6 +259,7 @@ struct Inner {
     limits: StoreLimits,
     clock: ClockShift,
     client_name: String,
+    server: ServerInfo,
     /// Set after a connection error: the next command first re-applies the client name
     /// (a reconnected connection starts unnamed).
     rename: AtomicBool,
@@ -270,10 +326,14 @@ impl RedisStore {
                 .arg(&client_name)
                 .query_async::<()>(&mut conn)
                 .await?;
-            Ok::<_, RedisError>(conn)
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, RedisError>((conn, ServerInfo::parse(&info)))
         };
-        let conn = match tokio::time::timeout(options.connect_timeout, setup).await {
-            Ok(Ok(conn)) => conn,
+        let (conn, server) = match tokio::time::timeout(options.connect_timeout, setup).await {
+            Ok(Ok(connected)) => connected,
             Ok(Err(e)) => return Err(map_err(&e)),
             Err(_) => {
                 return Err(StoreError::Unavailable(format!(
@@ -282,7 +342,7 @@ impl RedisStore {
                 )))
             }
         };
-        tracing::debug!(prefix = %options.prefix, client_name = %client_name, "redis store connected");
+        tracing::debug!(prefix = %options.prefix, client_name = %client_name, %server, "redis store connected");
         Ok(Self {
             conn,
             inner: Arc::new(Inner {
@@ -291,6 +351,7 @@ impl RedisStore {
                 limits: options.limits,
                 clock: options.clock,
                 client_name,
+                server,
                 rename: AtomicBool::new(false),
                 claim: Script::new(CLAIM_LUA),
                 finish: Script::new(FINISH_LUA),
@@ -306,6 +367,11 @@ impl RedisStore {
 
     pub fn retention(&self) -> Duration {
         self.inner.retention
+    }
+
+    /// The server this store is connected to, and what it can do.
+    pub fn server(&self) -> &ServerInfo {
+        &self.inner.server
     }
 
     /// The `CLIENT SETNAME` of this store's connection.
@@ -637,6 +703,20 @@ impl IdempotencyStore for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_info_from_info_text() {
+        let valkey = ServerInfo::parse(
+            "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.1.8\r\n",
+        );
+        assert_eq!(valkey.to_string(), "valkey 8.1.8");
+        assert!(valkey.set_ifeq);
+        let redis7 = ServerInfo::parse("# Server\r\nredis_version:7.0.15\r\n");
+        assert_eq!(redis7.to_string(), "redis 7.0.15");
+        assert!(!redis7.set_ifeq);
+        assert!(ServerInfo::parse("redis_version:8.4.0\r\n").set_ifeq);
+        assert!(!ServerInfo::parse("server_name:valkey\r\nvalkey_version:8.0.2\r\n").set_ifeq);
+    }
     use idem_core::{IdempotencyKey, TenantId};
 
     fn scope(t: &str, k: &str) -> Scope {

@@ -614,3 +614,20 @@ async fn replay_shortcut_follows_the_record() {
     let retry = proceed(store.claim(&req).await.unwrap());
     assert_eq!(retry.kind, ClaimKind::RetryAfterFailure);
 }
+
+#[tokio::test]
+async fn the_server_and_its_capabilities_are_read_at_connect() {
+    if let Some(h) = RedisHarness::new().await {
+        let store = h.store().await.unwrap();
+        let server = store.server();
+        assert_eq!(server.name, "redis", "{server}");
+        assert_eq!(server.set_ifeq, server.version >= (8, 4, 0), "{server}");
+        assert!(server.version.0 >= 6, "{server}");
+    }
+    if let Some(h) = RedisHarness::valkey().await {
+        let store = h.store().await.unwrap();
+        let server = store.server();
+        assert_eq!(server.name, "valkey", "{server}");
+        assert!(server.set_ifeq, "Valkey {server} has SET IFEQ");
+    }
+}

@@ -46,6 +46,9 @@ pub struct Phase {
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
     pub backend: String,
+    /// Redis-compatible servers: which one and its version (e.g. `valkey 8.1.8`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
     pub concurrency: usize,
     pub duration_s: f64,
     pub phases: Vec<Phase>,
@@ -302,6 +305,7 @@ pub async fn run(
 
     Ok(BenchReport {
         backend: store.backend().to_string(),
+        server: None,
         concurrency,
         duration_s: duration.as_secs_f64(),
         phases: vec![claim_phase, replay_phase],
@@ -312,8 +316,14 @@ pub async fn run(
 
 pub fn print_human(r: &BenchReport) {
     println!(
-        "idem bench store on {} ({} tasks, {:.0} s per phase)",
-        r.backend, r.concurrency, r.duration_s
+        "idem bench store on {}{} ({} tasks, {:.0} s per phase)",
+        r.backend,
+        r.server
+            .as_ref()
+            .map(|s| format!(" ({s})"))
+            .unwrap_or_default(),
+        r.concurrency,
+        r.duration_s
     );
     for p in &r.phases {
         println!(

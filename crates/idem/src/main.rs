@@ -878,8 +878,9 @@ async fn run(
             )
             .await;
             let cleaned = baseline.cleanup().await;
-            let report = report?;
+            let mut report = report?;
             cleaned?;
+            report.server = targets.server.clone();
             if json {
                 print_json(&report);
             } else {

@@ -61,6 +61,8 @@ pub struct BenchTargets {
     pub baseline: Arc<dyn crate::bench::Baseline>,
     /// PostgreSQL only: the growth measurement on the store's own table.
     pub growth: Option<crate::bench::PgGrowth>,
+    /// Redis-compatible servers: which one and its version.
+    pub server: Option<String>,
     /// The embedded store's temporary directory, kept until this drops.
     pub _tmp: Option<tempfile::TempDir>,
 }
@@ -95,6 +97,7 @@ pub async fn open_bench(url: &str) -> Result<BenchTargets, StoreError> {
         .and_then(SqlStore::postgres)
         .map(|pg| crate::bench::PgGrowth::new(pg.clone()));
     Ok(BenchTargets {
+        server: store.redis().map(|r| r.server().to_string()),
         store: store.records(),
         baseline,
         growth,
