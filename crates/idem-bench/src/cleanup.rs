@@ -1,6 +1,14 @@
-//! Removing what a bench wrote to a shared server: every key under its Redis prefix.
-//! PostgreSQL benches run in a schema of their own and drop it; this module only knows
-//! the Redis side, and must not touch keys outside the prefix it is given.
+//! Removing what a bench wrote to a shared server: the PostgreSQL schema it ran in, or
+//! every key under its Redis prefix. It must not touch anything outside the schema or
+//! prefix it is given.
+
+/// Drops the schema a bench ran in, with everything in it.
+pub async fn drop_schema(pool: &sqlx::PgPool, schema: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
 
 /// Removes every key under `prefix:`, in SCAN batches.
 pub async fn unlink_prefix<C>(conn: &mut C, prefix: &str) -> Result<(), redis::RedisError>

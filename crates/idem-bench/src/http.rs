@@ -215,8 +215,7 @@ async fn clean_up(store: &Store, url: &str, open: &OpenOptions) -> Result<(), Be
         Backend::Postgres => {
             let pg = store.sql().and_then(idem_sql::SqlStore::postgres);
             if let (Some(pg), Some(schema)) = (pg, &open.pg_schema) {
-                sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                    .execute(pg.pool())
+                crate::cleanup::drop_schema(pg.pool(), schema)
                     .await
                     .map_err(|e| BenchError::Setup(format!("dropping the bench schema: {e}")))?;
             }

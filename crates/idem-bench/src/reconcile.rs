@@ -203,8 +203,7 @@ pub async fn bench(url: &str, options: &BenchOptions) -> Result<BenchReport, Err
     };
     let result = measure(&db, options).await;
     if let (Some(schema), Some(pg)) = (&schema, db.postgres()) {
-        let drop = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
-        if let Err(e) = sqlx::query(&drop).execute(pg.pool()).await {
+        if let Err(e) = crate::cleanup::drop_schema(pg.pool(), schema).await {
             tracing::warn!(error = %e, %schema, "could not drop the bench schema");
         }
     }

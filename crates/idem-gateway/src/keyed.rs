@@ -221,7 +221,6 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
 /// Runs the claimed execution: forward with a lease heartbeat, finish the record, wake
 /// other instances.
 async fn execute(ctx: &Arc<Ctx>, req: &KeyedRequest, token: ClaimToken) -> Outcome {
-    let _running = ctx.executions.start();
     let ran = pipeline::under_lease(
         &ctx.window,
         &token,

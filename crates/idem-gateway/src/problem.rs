@@ -3,7 +3,7 @@
 //! type URIs whichever layer answered); this module only renders them in the gateway's
 //! body type. It does not decide when a case applies.
 
-use http::header::HeaderValue;
+use http::header::{HeaderValue, WWW_AUTHENTICATE};
 use http::Response;
 pub use idem_core::problem::{Problem, ProblemKind, PROBLEM_JSON, PROBLEM_TYPE_BASE};
 
@@ -12,17 +12,19 @@ use crate::body::{full, Body};
 /// The response, naming the request id the log line carries. A 401 challenges for an
 /// API key unless the problem names another scheme.
 pub fn to_response(problem: &Problem, request_id: Option<&str>) -> Response<Body> {
-    let mut problem = problem.clone();
+    let mut response = problem.to_http(request_id);
     if problem.kind == ProblemKind::Unauthenticated && problem.challenge.is_none() {
-        problem.challenge = Some(HeaderValue::from_static("ApiKey"));
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("ApiKey"));
     }
-    problem.to_http(request_id).map(full)
+    response.map(full)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+    use http::header::{CONTENT_TYPE, RETRY_AFTER};
     use std::time::Duration;
 
     #[test]

@@ -1,9 +1,10 @@
-//! From a request to a claim decision: which rules apply, who is calling, which key,
-//! the buffered body and its fingerprint, then the store's answer — execute, replay,
-//! in progress (409 or wait), mismatch, or unavailable.
+//! From a request to a claim decision: who is calling, which key, the buffered body and
+//! its fingerprint, then the store's answer — execute, replay, in progress (409 or wait),
+//! mismatch, or unavailable.
 //!
-//! Owns the order of the checks (authentication, key, body size, claim) and the wait
-//! loop. Nothing is recorded before the claim, and the handler is never called before
+//! Owns the order of the checks (authentication, key, body size, claim) and what each
+//! answer means for the layer; the claim-and-wait loop itself is
+//! [`crate::pipeline::claim`]. Nothing is recorded before the claim, and the handler is never called before
 //! a claim proceeded (except on routes configured to ignore keys, or to fail open when
 //! the store is down). Running the handler under a claim is [`crate::execute`].
 

@@ -4,9 +4,9 @@
 //! response future) cannot cancel it: the record always reaches a final state. Panics
 //! are caught and a configurable timeout bounds the run; both leave the record
 //! FAILED_RETRYABLE, never stuck in PROCESSING. So does a shutdown that cuts running
-//! executions off ([`Executions::cancel`]): the record is open for a retry at once
-//! instead of after its lease. While the handler runs, the lease is
-//! renewed every `lease / 3`. The response is captured (status, chosen headers, body up
+//! executions off ([`crate::pipeline::Executions::cancel`]): the record is open for a retry at once
+//! instead of after its lease. While the handler runs, the lease is renewed every
+//! `lease / 3` ([`crate::pipeline::under_lease`]). The response is captured (status, chosen headers, body up
 //! to a limit) and the record finished by the outcome policy — unless the handler
 //! finished it in its own transaction (see [`crate::transactional`]).
 //!

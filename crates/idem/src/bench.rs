@@ -550,11 +550,9 @@ const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// Drops a bench's own PostgreSQL schema and everything in it.
 pub(crate) async fn drop_bench_schema(pool: &sqlx::PgPool, schema: &str) -> Result<(), StoreError> {
-    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-        .execute(pool)
+    idem_bench::cleanup::drop_schema(pool, schema)
         .await
-        .map_err(|e| StoreError::Backend(format!("drop bench schema {schema}: {e}")))?;
-    Ok(())
+        .map_err(|e| StoreError::Backend(format!("drop bench schema {schema}: {e}")))
 }
 
 fn raw(e: sqlx::Error) -> StoreError {
