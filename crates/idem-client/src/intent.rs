@@ -230,7 +230,7 @@ impl Intent {
                             response: Box::new(response),
                         });
                     }
-                    if !policy.retry_statuses.contains(&code) {
+                    if !policy.retry_statuses.contains(&code) || is_final(&response) {
                         return Ok(response);
                     }
                     AttemptFailure::Status {
@@ -272,6 +272,19 @@ impl Intent {
             tokio::time::sleep(delay).await;
         }
     }
+}
+
+/// A retryable status that is nevertheless the key's answer: a replay of a stored result
+/// (every later attempt gets it again), or a 409 that says what conflicted (sold out, an
+/// illegal transition) rather than "a request with this key is in progress".
+fn is_final(response: &IdempotentResponse) -> bool {
+    if response.replayed {
+        return true;
+    }
+    response.status == reqwest::StatusCode::CONFLICT
+        && response
+            .problem()
+            .is_some_and(|p| p.type_uri != idem_core::ProblemKind::RequestInProgress.type_uri())
 }
 
 /// reqwest's Display shows only the outermost error; the cause is what tells a reset

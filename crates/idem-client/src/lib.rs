@@ -8,7 +8,9 @@
 //!
 //! [`Intent::send`] retries timeouts, connection errors and the statuses in
 //! [`RetryPolicy::retry_statuses`] (409, 429, 502, 503, 504 by default) with exponential
-//! backoff and full jitter, waiting at least what `Retry-After` asks. It stops after
+//! backoff and full jitter, waiting at least what `Retry-After` asks; a replay, and a 409
+//! whose problem type names what conflicted (sold out) rather than "in progress", are
+//! the key's answer and are returned at once. It stops after
 //! [`RetryPolicy::max_attempts`] or [`RetryPolicy::time_budget`] and says why. 400, 401,
 //! 413 and 422 are returned at once as [`ClientError::Rejected`]. The final response
 //! tells whether it was a replay ([`IdempotentResponse::replayed`]).

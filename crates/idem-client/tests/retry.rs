@@ -19,6 +19,8 @@ struct Step {
     retry_after: Option<&'static str>,
     delay_ms: u64,
     replayed: bool,
+    /// A 409 naming what conflicted (not "in progress").
+    business: bool,
 }
 
 const fn step(status: u16) -> Step {
@@ -27,6 +29,7 @@ const fn step(status: u16) -> Step {
         retry_after: None,
         delay_ms: 0,
         replayed: false,
+        business: false,
     }
 }
 
@@ -68,9 +71,15 @@ async fn scripted(State(script): State<Arc<Script>>, headers: HeaderMap) -> Resp
     let status = StatusCode::from_u16(s.status).unwrap();
     if status.is_client_error() || status.is_server_error() {
         out.insert("content-type", "application/problem+json".parse().unwrap());
+        // A 409 from an idem server means "in progress" unless it names a conflict.
+        let type_uri = if s.status == 409 && !s.business {
+            idem_core::ProblemKind::RequestInProgress.type_uri()
+        } else {
+            format!("https://example.test/{}", s.status)
+        };
         let body = format!(
-            r#"{{"type":"https://example.test/{}","title":"t","status":{}}}"#,
-            s.status, s.status
+            r#"{{"type":"{type_uri}","title":"t","status":{}}}"#,
+            s.status
         );
         return (status, out, body).into_response();
     }
@@ -162,6 +171,41 @@ async fn other_final_statuses_are_responses() {
         assert!(!response.replayed);
         assert_eq!(script.keys().len(), 1);
     }
+}
+
+#[tokio::test]
+async fn a_conflict_that_names_its_cause_or_a_replay_is_the_answer() {
+    // Sold out, an illegal transition: retrying the same key cannot change it.
+    let (url, script) = server(vec![
+        Step {
+            business: true,
+            ..step(409)
+        },
+        step(201),
+    ])
+    .await;
+    let response = client(fast()).post(&url).send().await.unwrap();
+    assert_eq!((response.status.as_u16(), response.attempts), (409, 1));
+    assert_eq!(script.keys().len(), 1);
+
+    // A replayed 409 is the key's stored answer, whatever its type.
+    let (url, script) = server(vec![
+        Step {
+            replayed: true,
+            ..step(409)
+        },
+        step(201),
+    ])
+    .await;
+    let response = client(fast()).post(&url).send().await.unwrap();
+    assert_eq!((response.status.as_u16(), response.replayed), (409, true));
+    assert_eq!(script.keys().len(), 1);
+
+    // "In progress" is retried with the same key.
+    let (url, script) = server(vec![step(409), step(201)]).await;
+    let response = client(fast()).post(&url).send().await.unwrap();
+    assert_eq!((response.status.as_u16(), response.attempts), (201, 2));
+    assert_eq!(script.keys().len(), 2);
 }
 
 #[tokio::test]

@@ -250,6 +250,9 @@ pub struct ServiceOptions {
     pub legacy_route: bool,
     /// How long a duplicate waits for the first request with its key before 409.
     pub in_progress_wait: Duration,
+    /// How long a claim holds PROCESSING before another request may take it over
+    /// (renewed while the handler runs). Default 60 s.
+    pub claim_lease: Duration,
     pub orders: OrdersOptions,
     pub timeouts: HttpTimeouts,
     /// Also serve `/metrics`, without credentials, on this address (an internal
@@ -270,6 +273,7 @@ impl Default for ServiceOptions {
             chain: ChainOptions::default(),
             legacy_route: false,
             in_progress_wait: Duration::from_secs(10),
+            claim_lease: Duration::from_secs(60),
             orders: OrdersOptions::default(),
             timeouts: HttpTimeouts::default(),
             metrics_listen: None,
@@ -314,8 +318,9 @@ pub struct App {
 }
 
 /// The idempotency layer's configuration for this service.
-pub fn idempotency_config(in_progress_wait: Duration) -> IdempotencyConfig {
+pub fn idempotency_config(in_progress_wait: Duration, claim_lease: Duration) -> IdempotencyConfig {
     IdempotencyConfig::default()
+        .lease(claim_lease)
         // Duplicates of a request in flight wait for it and replay its answer.
         .in_progress(InProgressMode::Wait {
             max_wait: in_progress_wait,
@@ -413,7 +418,8 @@ impl App {
         };
         let chain = Chain::new(orders.clone(), transport, config.options.chain.clone()).await?;
 
-        let idem_config = idempotency_config(config.options.in_progress_wait);
+        let idem_config =
+            idempotency_config(config.options.in_progress_wait, config.options.claim_lease);
         let openapi = crate::openapi::spec(&idem_config, config.options.legacy_route);
         let store = database.idempotency_store();
         let auth: Arc<dyn idem_http::Authenticate> = Arc::new(auth);

@@ -194,6 +194,7 @@ pub struct Sweeper {
     duty: f64,
     gate: Option<tokio::sync::watch::Receiver<bool>>,
     owner: OwnerId,
+    lease_ttl: Duration,
 }
 
 impl std::fmt::Debug for Sweeper {
@@ -224,6 +225,7 @@ impl Sweeper {
             gate: None,
             owner: OwnerId::new(format!("sweeper-{}", uuid::Uuid::now_v7().simple()))
                 .expect("visible ASCII"),
+            lease_ttl: LEASE_TTL,
         }
     }
 
@@ -282,6 +284,13 @@ impl Sweeper {
         self
     }
 
+    /// How long a run's lease lasts before another sweeper may take over (renewed while
+    /// the run works). Default [`LEASE_TTL`].
+    pub fn with_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
     pub fn policy(&self) -> &RetentionPolicy {
         &self.policy
     }
@@ -305,7 +314,7 @@ impl Sweeper {
                     leases.clone(),
                     &name,
                     &self.owner,
-                    LEASE_TTL,
+                    self.lease_ttl,
                     Duration::ZERO,
                     self.lease_metrics.clone(),
                 )

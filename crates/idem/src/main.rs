@@ -11,6 +11,7 @@ use idem_core::{IdempotencyKey, StoreError, TenantId};
 
 mod bench;
 mod bench_lock;
+mod chaos;
 mod drill;
 mod keys;
 mod lock;
@@ -45,6 +46,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Retention: move terminal records past their window one tier down (retry →
@@ -135,6 +138,8 @@ enum Command {
         /// Also serve `/metrics`, without credentials, on this address (keep it internal).
         #[arg(long)]
         metrics_listen: Option<std::net::SocketAddr>,
+        #[command(flatten)]
+        tuning: service::ServeTuning,
     },
     /// Freeze the automatic chain for a scope (user:U, show:S or all).
     Freeze {
@@ -227,6 +232,10 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// Exactly-once under faults: start N servers and M gateways on PostgreSQL, Redis
+    /// (and NATS), drive a seeded workload, inject kills, stops, connection and network
+    /// faults, then check the ledgers. Exit 1 on any anomaly.
+    Chaos(chaos::ChaosArgs),
 }
 
 #[derive(Subcommand)]
@@ -492,6 +501,7 @@ async fn run(
     explicit_url: Option<String>,
 ) -> Result<ExitCode, StoreError> {
     match command {
+        Command::Chaos(args) => chaos::run(explicit_url, args).await,
         Command::Drill { duplicates, json } => {
             let store = open::open_store(url).await?;
             let report = drill::run(store, duplicates).await?;
@@ -658,6 +668,7 @@ async fn run(
             body_read_timeout,
             shutdown_grace,
             metrics_listen,
+            tuning,
         } => {
             service::serve(
                 url,
@@ -673,6 +684,7 @@ async fn run(
                     body_read_timeout,
                     shutdown_grace,
                     metrics_listen,
+                    tuning,
                 },
             )
             .await

@@ -39,6 +39,46 @@ pub struct ServeArgs {
     pub body_read_timeout: Duration,
     pub shutdown_grace: Duration,
     pub metrics_listen: Option<SocketAddr>,
+    pub tuning: ServeTuning,
+}
+
+/// Timings and names a deployment (or a chaos campaign) may change; the defaults suit
+/// one service per database.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeTuning {
+    /// How long a claim holds a key PROCESSING before another arrival may take it over;
+    /// renewed every third of it while the handler runs.
+    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "60s")]
+    pub claim_lease: Duration,
+    /// How long a duplicate waits for the request holding its key before 409.
+    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "10s")]
+    pub in_progress_wait: Duration,
+    /// TTL of the service's per-order and per-show leases (renewed while held): how long a
+    /// crashed holder blocks pay, cancel and stock release of its order or show.
+    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "30s")]
+    pub lease_ttl: Duration,
+    /// How long a request waits for a per-order lease another request holds before 409.
+    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "10s")]
+    pub lease_wait: Duration,
+    /// How long the sweeper's lease lasts before another server's sweeper may take over.
+    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "30s")]
+    pub sweep_lease: Duration,
+    /// Also serve `POST /v1/legacy/orders`: the keyless create that mints an order per
+    /// arrival (for demonstrations and controls only).
+    #[arg(long)]
+    pub legacy_route: bool,
+    /// JetStream stream holding the outbox topics.
+    #[arg(long, default_value = "IDEM_ORDERS", requires = "nats_url")]
+    pub nats_stream: String,
+    /// Subject prefix of the outbox topics (`{prefix}.order.paid`).
+    #[arg(long, default_value = "idem.orders", requires = "nats_url")]
+    pub nats_subject_prefix: String,
+    /// Durable consumers are named `{prefix}-{consumer}`.
+    #[arg(long, default_value = "idem-orders", requires = "nats_url")]
+    pub nats_durable_prefix: String,
+    /// Redelivery of a message whose consumer never acked it.
+    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "30s", requires = "nats_url")]
+    pub nats_ack_wait: Duration,
 }
 
 /// API keys from `--api-key`, `IDEM_API_KEYS` and `--api-keys-file`, all together.
@@ -116,6 +156,7 @@ fn admin_token(args: &ServeArgs) -> Result<Option<String>, StoreError> {
 async fn start_sweeper(
     url: &str,
     every: Duration,
+    lease_ttl: Duration,
 ) -> Result<idem_sweep::BackgroundSweep, StoreError> {
     let (policy, _) = idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
     // Opening the service database first applies the ledgers' migrations, so the
@@ -125,8 +166,17 @@ async fn start_sweeper(
         .map_err(orders_err)?;
     let check: Arc<dyn CompensationCheck> = Arc::new(OrderCompensation::for_database(&db));
     let (_, retention, leases) = crate::sweep::open(url).await?;
+    // The process id in the owner tells an operator which server's sweeper holds the lease.
+    let owner = idem_core::OwnerId::new(format!(
+        "sweeper-pid{}-{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    ))
+    .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
     let sweeper = Sweeper::new(retention, policy)
         .with_lease(leases, idem_lease::LeaseMetrics::default())
+        .with_lease_ttl(lease_ttl)
+        .with_owner(owner)
         .with_compensation(check);
     Ok(sweeper.spawn(every))
 }
@@ -140,6 +190,14 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
     // Validate the retention policy before binding: a bad policy is a start-up error.
     idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
     let shutdown = crate::signal::shutdown()?;
+    let tuning = args.tuning.clone();
+    let nats = args.nats_url.as_ref().map(|url| idem_orders::NatsOptions {
+        stream: tuning.nats_stream.clone(),
+        subject_prefix: tuning.nats_subject_prefix.clone(),
+        durable_prefix: tuning.nats_durable_prefix.clone(),
+        ack_wait: tuning.nats_ack_wait,
+        ..idem_orders::NatsOptions::new(url.clone())
+    });
     let config = ServeConfig {
         listen: args.listen,
         database_url: Some(url.to_string()),
@@ -153,13 +211,24 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
                 shutdown_grace: args.shutdown_grace,
             },
             metrics_listen: args.metrics_listen,
+            nats,
+            legacy_route: tuning.legacy_route,
+            in_progress_wait: tuning.in_progress_wait,
+            claim_lease: tuning.claim_lease,
+            orders: idem_orders::OrdersOptions {
+                lease_timings: idem_orders::LeaseTimings {
+                    ttl: tuning.lease_ttl,
+                    wait: tuning.lease_wait,
+                },
+                ..Default::default()
+            },
             ..ServiceOptions::default()
         },
     };
     let _sweep = if args.sweep_every.is_zero() {
         None
     } else {
-        Some(start_sweeper(url, args.sweep_every).await?)
+        Some(start_sweeper(url, args.sweep_every, tuning.sweep_lease).await?)
     };
     idem_orders::serve(config, shutdown)
         .await

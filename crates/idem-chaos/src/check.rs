@@ -1,0 +1,738 @@
+//! The checker: invariants I1–I8 from the ledgers and the workload log.
+//!
+//! Reads the campaign's database with its own SQL (it shares no code with the service
+//! it checks) and compares with what the clients saw. Owns the invariants' definitions
+//! and the anomaly records. It must not write to the database, and it must never be
+//! made to pass by weakening an invariant: a finding is fixed in idem.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use sqlx::{Connection, PgConnection, Row};
+
+use crate::report::{Anomaly, FaultEvent, InvariantResult};
+use crate::workload::{IntentKind, IntentLog};
+use crate::ChaosError;
+
+#[derive(Debug, Clone)]
+struct Order {
+    id: String,
+    session: Option<String>,
+    key: Option<String>,
+    show: String,
+    quantity: i64,
+    amount: i64,
+    status: String,
+}
+
+#[derive(Debug, Clone)]
+struct Hold {
+    order: String,
+    show: String,
+    quantity: i64,
+    status: String,
+    released_at: Option<i64>,
+    token: Option<i64>,
+    owner: Option<String>,
+}
+
+/// What the ledgers hold, read once after the settle phase.
+#[derive(Debug, Default)]
+pub struct Ledgers {
+    orders: Vec<Order>,
+    passed_through: HashMap<String, HashSet<String>>,
+    payments: Vec<(String, String, String, i64)>,
+    stock: Vec<(String, i64, i64)>,
+    holds: Vec<Hold>,
+    tickets: HashMap<String, i64>,
+    processed: HashSet<(String, String)>,
+    unpublished: Vec<(String, String)>,
+    stale_processing: Vec<(String, String, Option<String>)>,
+    lease_grants: Vec<(String, i64, String)>,
+    fences: HashMap<String, i64>,
+    records: u64,
+    pub observed: BTreeMap<String, u64>,
+}
+
+fn db_err(e: sqlx::Error) -> ChaosError {
+    ChaosError::Check(e.to_string())
+}
+
+impl Ledgers {
+    pub async fn read(db_url: &str, tenant: &str) -> Result<Ledgers, ChaosError> {
+        let mut c = PgConnection::connect(db_url).await.map_err(db_err)?;
+        let mut l = Ledgers::default();
+        for r in sqlx::query(
+            "SELECT order_id, client_session, idempotency_key, show_id, quantity, amount_cents, \
+             status FROM orders WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_all(&mut c)
+        .await
+        .map_err(db_err)?
+        {
+            l.orders.push(Order {
+                id: r.get(0),
+                session: r.get(1),
+                key: r.get(2),
+                show: r.get(3),
+                quantity: r.get(4),
+                amount: r.get(5),
+                status: r.get(6),
+            });
+        }
+        for r in
+            sqlx::query("SELECT order_id, to_status FROM order_transitions WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_all(&mut c)
+                .await
+                .map_err(db_err)?
+        {
+            l.passed_through
+                .entry(r.get(0))
+                .or_default()
+                .insert(r.get(1));
+        }
+        for r in sqlx::query(
+            "SELECT payment_id, order_id, kind, amount_cents FROM payments WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_all(&mut c)
+        .await
+        .map_err(db_err)?
+        {
+            l.payments.push((r.get(0), r.get(1), r.get(2), r.get(3)));
+        }
+        for r in
+            sqlx::query("SELECT show_id, capacity, available FROM inventory WHERE tenant_id = $1")
+                .bind(tenant)
+                .fetch_all(&mut c)
+                .await
+                .map_err(db_err)?
+        {
+            l.stock.push((r.get(0), r.get(1), r.get(2)));
+        }
+        for r in sqlx::query(
+            "SELECT order_id, show_id, quantity, status, released_at, release_token, \
+             release_owner FROM inventory_holds WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_all(&mut c)
+        .await
+        .map_err(db_err)?
+        {
+            l.holds.push(Hold {
+                order: r.get(0),
+                show: r.get(1),
+                quantity: r.get(2),
+                status: r.get(3),
+                released_at: r.get(4),
+                token: r.get(5),
+                owner: r.get(6),
+            });
+        }
+        for r in sqlx::query(
+            "SELECT order_id, count(*) FROM tickets WHERE tenant_id = $1 GROUP BY order_id",
+        )
+        .bind(tenant)
+        .fetch_all(&mut c)
+        .await
+        .map_err(db_err)?
+        {
+            l.tickets.insert(r.get(0), r.get(1));
+        }
+        for r in sqlx::query(
+            "SELECT consumer, business_key FROM consumer_processed WHERE tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_all(&mut c)
+        .await
+        .map_err(db_err)?
+        {
+            l.processed.insert((r.get(0), r.get(1)));
+        }
+        for r in sqlx::query(
+            "SELECT topic, order_id FROM outbox_messages WHERE tenant_id = $1 AND \
+             published_at IS NULL",
+        )
+        .bind(tenant)
+        .fetch_all(&mut c)
+        .await
+        .map_err(db_err)?
+        {
+            l.unpublished.push((r.get(0), r.get(1)));
+        }
+        for r in sqlx::query(
+            "SELECT tenant_id, key, owner FROM idem_records WHERE state = 'PROCESSING' AND \
+             lease_expires_at < (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+        )
+        .fetch_all(&mut c)
+        .await
+        .map_err(db_err)?
+        {
+            l.stale_processing.push((r.get(0), r.get(1), r.get(2)));
+        }
+        for r in sqlx::query(
+            "SELECT name, token, coalesce(owner, '') FROM idem_lease_events \
+             WHERE kind = 'acquired' ORDER BY id",
+        )
+        .fetch_all(&mut c)
+        .await
+        .map_err(db_err)?
+        {
+            l.lease_grants.push((r.get(0), r.get(1), r.get(2)));
+        }
+        for r in sqlx::query("SELECT resource, last_token FROM idem_fences")
+            .fetch_all(&mut c)
+            .await
+            .map_err(db_err)?
+        {
+            l.fences.insert(r.get(0), r.get(1));
+        }
+        for r in sqlx::query("SELECT kind, count(*) FROM idem_lease_events GROUP BY kind")
+            .fetch_all(&mut c)
+            .await
+            .map_err(db_err)?
+        {
+            let kind: String = r.get(0);
+            let n: i64 = r.get(1);
+            l.observed.insert(format!("lease_events.{kind}"), n as u64);
+        }
+        let records: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
+            .fetch_one(&mut c)
+            .await
+            .map_err(db_err)?;
+        l.records = records as u64;
+        let reexecuted: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM idem_records WHERE tenant_id = $1 AND attempts > 1",
+        )
+        .bind(tenant)
+        .fetch_one(&mut c)
+        .await
+        .map_err(db_err)?;
+        l.observed
+            .insert("records_claimed_again".into(), reexecuted as u64);
+        let _ = c.close().await;
+        Ok(l)
+    }
+}
+
+const TITLES: [(&str, &str); 8] = [
+    (
+        "I1",
+        "every acknowledged intent has exactly one order, and every 2xx named it",
+    ),
+    ("I2", "no intent has more than one order"),
+    (
+        "I3",
+        "payments belong to orders; no order charged twice; refunds only for charges",
+    ),
+    (
+        "I4",
+        "inventory conserved per show; one hold per order, released iff cancelled",
+    ),
+    (
+        "I5",
+        "each message's effect applied once per consumer despite redelivery",
+    ),
+    ("I6", "fencing tokens accepted per resource never go back"),
+    ("I7", "nothing PROCESSING past its lease after settling"),
+    ("I8", "at least 95 % of intents acknowledged"),
+];
+
+/// Minimum share of intents acknowledged by the end (I8).
+pub const LIVENESS: f64 = 0.95;
+
+struct Findings<'a> {
+    faults: &'a [FaultEvent],
+    anomalies: Vec<Anomaly>,
+    checked: BTreeMap<&'static str, u64>,
+}
+
+impl Findings<'_> {
+    fn count(&mut self, id: &'static str, n: u64) {
+        *self.checked.entry(id).or_default() += n;
+    }
+
+    fn add(&mut self, id: &str, intent: Option<&IntentLog>, rows: Vec<String>, detail: String) {
+        let faults = match intent {
+            Some(i) => nearby(self.faults, i.first_ms(), i.last_ms()),
+            None => Vec::new(),
+        };
+        self.anomalies.push(Anomaly {
+            invariant: id.to_string(),
+            intent: intent.map(|i| i.id.clone()),
+            key: intent.map(|i| i.key.clone()),
+            rows,
+            detail,
+            faults,
+        });
+    }
+}
+
+/// Faults active from 1 s before an intent's first send to 3 s after its last answer.
+fn nearby(faults: &[FaultEvent], from: u64, to: u64) -> Vec<String> {
+    faults
+        .iter()
+        .filter(|f| f.end_ms + 1_000 >= from && f.at_ms <= to + 3_000)
+        .map(|f| format!("{} {} @{} ms", f.kind, f.target, f.at_ms))
+        .collect()
+}
+
+/// Checks every invariant. `control` is true for the keyless control, where
+/// duplicates are expected and reported as found.
+pub fn check(
+    log: &[IntentLog],
+    l: &Ledgers,
+    faults: &[FaultEvent],
+) -> (Vec<InvariantResult>, Vec<Anomaly>) {
+    let mut f = Findings {
+        faults,
+        anomalies: Vec::new(),
+        checked: BTreeMap::new(),
+    };
+    let by_id: HashMap<&str, &Order> = l.orders.iter().map(|o| (o.id.as_str(), o)).collect();
+    let mut by_session: HashMap<&str, Vec<&Order>> = HashMap::new();
+    for o in &l.orders {
+        if let Some(s) = &o.session {
+            by_session.entry(s.as_str()).or_default().push(o);
+        }
+    }
+    let creates: HashMap<&str, &IntentLog> = log
+        .iter()
+        .filter(|i| i.kind == IntentKind::Create)
+        .map(|i| (i.id.as_str(), i))
+        .collect();
+    let statuses_of = |o: &Order| -> HashSet<String> {
+        let mut s = l.passed_through.get(&o.id).cloned().unwrap_or_default();
+        s.insert(o.status.clone());
+        s
+    };
+
+    // I1 and I2.
+    for i in log {
+        let ok: Vec<_> = i.sends.iter().filter(|s| s.ok()).collect();
+        match i.kind {
+            IntentKind::Create => {
+                let orders = by_session.get(i.id.as_str()).cloned().unwrap_or_default();
+                f.count("I2", 1);
+                if orders.len() > 1 {
+                    f.add(
+                        "I2",
+                        Some(i),
+                        orders.iter().map(|o| o.id.clone()).collect(),
+                        format!("{} orders for one intent", orders.len()),
+                    );
+                }
+                if !i.acknowledged {
+                    continue;
+                }
+                f.count("I1", 1);
+                let [order] = orders.as_slice() else {
+                    f.add(
+                        "I1",
+                        Some(i),
+                        orders.iter().map(|o| o.id.clone()).collect(),
+                        format!("acknowledged, but {} orders exist", orders.len()),
+                    );
+                    continue;
+                };
+                if order.key.is_some() && order.key.as_deref() != Some(i.key.as_str()) {
+                    f.add(
+                        "I1",
+                        Some(i),
+                        vec![order.id.clone()],
+                        format!("order created under key {:?}", order.key),
+                    );
+                }
+                let passed = statuses_of(order);
+                for s in &ok {
+                    if s.order_id.as_deref() != Some(order.id.as_str()) {
+                        f.add(
+                            "I1",
+                            Some(i),
+                            vec![order.id.clone()],
+                            format!("a 2xx named order {:?}", s.order_id),
+                        );
+                    }
+                    if let Some(st) = &s.order_status {
+                        if !passed.contains(st) {
+                            f.add(
+                                "I1",
+                                Some(i),
+                                vec![order.id.clone()],
+                                format!("a 2xx said status {st}, the order never had it"),
+                            );
+                        }
+                    }
+                }
+            }
+            IntentKind::Pay | IntentKind::Cancel => {
+                if !i.acknowledged {
+                    continue;
+                }
+                f.count("I1", 1);
+                let target = i.order_id.as_deref().unwrap_or_default();
+                let Some(order) = by_id.get(target) else {
+                    f.add(
+                        "I1",
+                        Some(i),
+                        vec![target.into()],
+                        "acknowledged for an order that does not exist".into(),
+                    );
+                    continue;
+                };
+                let passed = statuses_of(order);
+                let wanted = if i.kind == IntentKind::Pay {
+                    "paid"
+                } else {
+                    "cancelled"
+                };
+                if !passed.contains(wanted) {
+                    f.add(
+                        "I1",
+                        Some(i),
+                        vec![order.id.clone()],
+                        format!("acknowledged, but the order never became {wanted}"),
+                    );
+                }
+                for s in &ok {
+                    if s.order_id.as_deref() != Some(target) {
+                        f.add(
+                            "I1",
+                            Some(i),
+                            vec![target.into()],
+                            format!("a 2xx named order {:?}", s.order_id),
+                        );
+                    }
+                    if let Some(st) = s.order_status.as_ref().filter(|st| !passed.contains(*st)) {
+                        f.add(
+                            "I1",
+                            Some(i),
+                            vec![target.into()],
+                            format!("a 2xx said status {st}, the order never had it"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Orders no intent asked for.
+    for o in &l.orders {
+        let known = o
+            .session
+            .as_deref()
+            .is_some_and(|s| creates.contains_key(s));
+        if !known {
+            f.add(
+                "I2",
+                None,
+                vec![o.id.clone()],
+                format!("order of no intent (session {:?})", o.session),
+            );
+        }
+    }
+
+    // I3.
+    let mut charges: HashMap<&str, Vec<i64>> = HashMap::new();
+    let mut refunds: HashMap<&str, usize> = HashMap::new();
+    for (id, order, kind, amount) in &l.payments {
+        f.count("I3", 1);
+        if !by_id.contains_key(order.as_str()) {
+            f.add(
+                "I3",
+                None,
+                vec![id.clone(), order.clone()],
+                "payment for no order".into(),
+            );
+        }
+        match kind.as_str() {
+            "charge" => charges.entry(order).or_default().push(*amount),
+            _ => *refunds.entry(order).or_default() += 1,
+        }
+    }
+    for o in &l.orders {
+        let c = charges.get(o.id.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+        if c.len() > 1 {
+            f.add(
+                "I3",
+                None,
+                vec![o.id.clone()],
+                format!("charged {} times", c.len()),
+            );
+        }
+        if c.iter().any(|a| *a != o.amount) {
+            f.add(
+                "I3",
+                None,
+                vec![o.id.clone()],
+                format!("charge {c:?} differs from the order's {}", o.amount),
+            );
+        }
+        let paid = matches!(o.status.as_str(), "paid" | "ticketed");
+        if paid && c.is_empty() {
+            f.add(
+                "I3",
+                None,
+                vec![o.id.clone()],
+                format!("{} without a charge", o.status),
+            );
+        }
+        let r = refunds.get(o.id.as_str()).copied().unwrap_or(0);
+        if r > c.len() {
+            f.add(
+                "I3",
+                None,
+                vec![o.id.clone()],
+                format!("{r} refund(s) for {} charge(s)", c.len()),
+            );
+        }
+    }
+
+    // I4.
+    let mut held: HashMap<&str, i64> = HashMap::new();
+    let mut holds_of: HashMap<&str, Vec<&Hold>> = HashMap::new();
+    for h in &l.holds {
+        f.count("I4", 1);
+        holds_of.entry(h.order.as_str()).or_default().push(h);
+        if h.status == "held" {
+            *held.entry(h.show.as_str()).or_default() += h.quantity;
+        }
+        match by_id.get(h.order.as_str()) {
+            None => f.add(
+                "I4",
+                None,
+                vec![h.order.clone()],
+                "hold without an order".into(),
+            ),
+            Some(o) if o.show != h.show || o.quantity != h.quantity => f.add(
+                "I4",
+                None,
+                vec![o.id.clone()],
+                "hold does not match its order's show or quantity".into(),
+            ),
+            Some(_) => {}
+        }
+    }
+    for (show, capacity, available) in &l.stock {
+        let h = held.get(show.as_str()).copied().unwrap_or(0);
+        if available + h != *capacity {
+            f.add(
+                "I4",
+                None,
+                vec![show.clone()],
+                format!("available {available} + held {h} ≠ initial stock {capacity}"),
+            );
+        }
+    }
+    for o in &l.orders {
+        let hs = holds_of
+            .get(o.id.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let cancelled = o.status == "cancelled";
+        match hs {
+            [h] if cancelled && h.status != "released" => f.add(
+                "I4",
+                None,
+                vec![o.id.clone()],
+                "cancelled, but its hold is still held".into(),
+            ),
+            [h] if !cancelled && h.status != "held" => f.add(
+                "I4",
+                None,
+                vec![o.id.clone()],
+                format!("{}, but its hold was released", o.status),
+            ),
+            [_] => {}
+            _ => f.add(
+                "I4",
+                None,
+                vec![o.id.clone()],
+                format!("{} holds for one order", hs.len()),
+            ),
+        }
+    }
+
+    // I5.
+    for o in &l.orders {
+        f.count("I5", 1);
+        let tickets = l.tickets.get(&o.id).copied().unwrap_or(0);
+        let wants_ticket = matches!(o.status.as_str(), "paid" | "ticketed");
+        if o.status == "paid" {
+            f.add(
+                "I5",
+                None,
+                vec![o.id.clone()],
+                "paid, but the ticket issuer never acted".into(),
+            );
+        }
+        if (wants_ticket && tickets != 1) || (!wants_ticket && tickets != 0) {
+            f.add(
+                "I5",
+                None,
+                vec![o.id.clone()],
+                format!("{} with {tickets} ticket(s)", o.status),
+            );
+        }
+        if o.status == "ticketed"
+            && !l
+                .processed
+                .contains(&("ticket-issuer".into(), format!("ticket:{}", o.id)))
+        {
+            f.add(
+                "I5",
+                None,
+                vec![o.id.clone()],
+                "ticketed without the issuer's processed key".into(),
+            );
+        }
+        if o.status == "cancelled"
+            && !l
+                .processed
+                .contains(&("inventory-releaser".into(), format!("release:{}", o.id)))
+        {
+            f.add(
+                "I5",
+                None,
+                vec![o.id.clone()],
+                "cancelled, but the inventory releaser never acted".into(),
+            );
+        }
+    }
+    for (topic, order) in &l.unpublished {
+        f.add(
+            "I5",
+            None,
+            vec![order.clone()],
+            format!("outbox message {topic} never published"),
+        );
+    }
+
+    // I6.
+    let mut last_grant: HashMap<&str, i64> = HashMap::new();
+    let mut granted: HashSet<(&str, i64, &str)> = HashSet::new();
+    for (name, token, owner) in &l.lease_grants {
+        f.count("I6", 1);
+        if let Some(prev) = last_grant.insert(name, *token) {
+            if *token <= prev {
+                f.add(
+                    "I6",
+                    None,
+                    vec![name.clone()],
+                    format!("token {token} granted after {prev}"),
+                );
+            }
+        }
+        granted.insert((name, *token, owner));
+    }
+    let mut releases: HashMap<&str, Vec<&Hold>> = HashMap::new();
+    for h in l.holds.iter().filter(|h| h.status == "released") {
+        releases.entry(h.show.as_str()).or_default().push(h);
+    }
+    for (show, mut rs) in releases {
+        rs.sort_by_key(|h| h.released_at);
+        let mut prev: Option<(i64, i64)> = None;
+        for h in rs {
+            f.count("I6", 1);
+            let (Some(token), Some(at)) = (h.token, h.released_at) else {
+                f.add(
+                    "I6",
+                    None,
+                    vec![h.order.clone()],
+                    "released without a fencing token".into(),
+                );
+                continue;
+            };
+            if let Some((pt, pat)) = prev {
+                if token < pt && at > pat {
+                    f.add(
+                        "I6",
+                        None,
+                        vec![h.order.clone()],
+                        format!("show {show}: token {token} accepted after {pt}"),
+                    );
+                }
+            }
+            let owner = h.owner.as_deref().unwrap_or_default();
+            let lease = |n: &str| n.starts_with("inventory:") && n.ends_with(&format!(":{show}"));
+            if !granted
+                .iter()
+                .any(|(n, t, o)| *t == token && *o == owner && lease(n))
+            {
+                f.add(
+                    "I6",
+                    None,
+                    vec![h.order.clone()],
+                    format!("token {token} of {owner} was never granted for {show}"),
+                );
+            }
+            prev = Some((token.max(prev.map_or(0, |p| p.0)), at));
+        }
+    }
+    for (resource, last) in &l.fences {
+        if let Some(highest) = l
+            .lease_grants
+            .iter()
+            .filter(|(n, _, _)| n == resource)
+            .map(|(_, t, _)| *t)
+            .max()
+        {
+            if *last > highest {
+                f.add(
+                    "I6",
+                    None,
+                    vec![resource.clone()],
+                    format!("fence at {last}, above every token granted ({highest})"),
+                );
+            }
+        }
+    }
+
+    // I7.
+    f.count("I7", l.records);
+    for (tenant, key, owner) in &l.stale_processing {
+        let intent = log.iter().find(|i| &i.key == key);
+        f.add(
+            "I7",
+            intent,
+            vec![format!("{tenant}/{key}")],
+            format!("PROCESSING past its lease (owner {owner:?})"),
+        );
+    }
+
+    // I8.
+    let acked = log.iter().filter(|i| i.acknowledged).count();
+    f.count("I8", log.len() as u64);
+    let ratio = if log.is_empty() {
+        0.0
+    } else {
+        acked as f64 / log.len() as f64
+    };
+    if ratio < LIVENESS {
+        f.add(
+            "I8",
+            None,
+            Vec::new(),
+            format!(
+                "{acked} of {} intents acknowledged ({:.1} %)",
+                log.len(),
+                ratio * 100.0
+            ),
+        );
+    }
+
+    let results = TITLES
+        .iter()
+        .map(|(id, title)| {
+            let n = f.anomalies.iter().filter(|a| a.invariant == *id).count();
+            InvariantResult {
+                id: id.to_string(),
+                title: title.to_string(),
+                checked: f.checked.get(id).copied().unwrap_or(0),
+                anomalies: n,
+                passed: n == 0,
+            }
+        })
+        .collect();
+    (results, f.anomalies)
+}

@@ -1,0 +1,424 @@
+//! The fault schedule (a pure function of the seed and the campaign's shape) and its
+//! injection into a running [`Topology`].
+//!
+//! Owns what each fault kind does to a process or link and for how long, and the record
+//! of what was injected. Faults run one after another, each ending (continued,
+//! restarted, link passing again) before the next starts, so the record says exactly
+//! which fault was active when. It must not look at business rows beyond what picks a
+//! target (the sweeper's lease holder) or describes the moment (pending work).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sqlx::Connection;
+
+use crate::proxy::Mode;
+use crate::report::FaultEvent;
+use crate::topology::{Topology, CLAIM_LEASE, LEASE_TTL, SWEEP_LEASE};
+use crate::ChaosError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    Kill,
+    Stop,
+    Gateway,
+    DbConn,
+    Redis,
+    Bus,
+    Net,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 7] = [
+        FaultKind::Kill,
+        FaultKind::Stop,
+        FaultKind::Gateway,
+        FaultKind::DbConn,
+        FaultKind::Redis,
+        FaultKind::Bus,
+        FaultKind::Net,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill",
+            FaultKind::Stop => "stop",
+            FaultKind::Gateway => "gateway",
+            FaultKind::DbConn => "db-conn",
+            FaultKind::Redis => "redis",
+            FaultKind::Bus => "bus",
+            FaultKind::Net => "net",
+        }
+    }
+
+    /// `kill,stop,…` or `all`.
+    pub fn parse_list(list: &str) -> Result<Vec<FaultKind>, ChaosError> {
+        let mut kinds = Vec::new();
+        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "all" {
+                kinds.extend(FaultKind::ALL);
+            } else {
+                kinds.push(part.parse()?);
+            }
+        }
+        kinds.sort();
+        kinds.dedup();
+        if kinds.is_empty() {
+            return Err(ChaosError::Usage("--faults names no fault kind".into()));
+        }
+        Ok(kinds)
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FaultKind {
+    type Err = ChaosError;
+    fn from_str(s: &str) -> Result<Self, ChaosError> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                ChaosError::Usage(format!(
+                    "unknown fault kind {s:?} (kill, stop, gateway, db-conn, redis, bus, net or all)"
+                ))
+            })
+    }
+}
+
+/// How a `net` fault treats the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetMode {
+    Delay,
+    Reset,
+    Blackhole,
+    DropResponse,
+}
+
+/// One planned fault. `pick` chooses among targets (modulo their count), `variant` among
+/// a kind's forms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub at: Duration,
+    pub kind: FaultKind,
+    pub pick: usize,
+    pub variant: usize,
+}
+
+/// The schedule for a campaign of `duration`: every kind in `kinds` at least once, then
+/// more at random, spread over the active phase. The same seed gives the same schedule.
+pub fn schedule(seed: u64, duration: Duration, kinds: &[FaultKind]) -> Vec<Planned> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
+    let start = Duration::from_millis(1_500);
+    let end = duration.saturating_sub(Duration::from_secs(2)).max(start);
+    // About one fault every 3 s, never fewer than one per kind.
+    let slots = ((end - start).as_secs() / 3).max(kinds.len() as u64) as usize;
+    let mut order: Vec<FaultKind> = kinds.to_vec();
+    // Fisher–Yates by hand: the order must not depend on a library's shuffle.
+    for i in (1..order.len()).rev() {
+        let j = rng.random_range(0..=i);
+        order.swap(i, j);
+    }
+    while order.len() < slots {
+        order.push(kinds[rng.random_range(0..kinds.len())]);
+    }
+    let span = (end - start).as_millis() as u64;
+    let step = span / slots as u64;
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| Planned {
+            at: start + Duration::from_millis(i as u64 * step + rng.random_range(0..=step / 4)),
+            kind,
+            pick: rng.random_range(0..1_000),
+            variant: rng.random_range(0..1_000),
+        })
+        .collect()
+}
+
+/// Deletes every key under `prefix` (the gateways' window and wake-up state).
+pub async fn delete_prefix(url: &str, prefix: &str) -> Result<u64, ChaosError> {
+    let client = redis::Client::open(url).map_err(|e| ChaosError::Setup(e.to_string()))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| ChaosError::Setup(format!("Redis: {e}")))?;
+    let mut cursor: u64 = 0;
+    let mut deleted = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(500)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| ChaosError::Setup(format!("Redis SCAN: {e}")))?;
+        if !keys.is_empty() {
+            let n: u64 = redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| ChaosError::Setup(format!("Redis DEL: {e}")))?;
+            deleted += n;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok(deleted);
+        }
+    }
+}
+
+/// Runs `plan` against `topo` until `until` (campaign time), recording each fault.
+pub struct Injector<'a> {
+    pub topo: &'a mut Topology,
+    pub started: Instant,
+    pub events: Vec<FaultEvent>,
+}
+
+impl Injector<'_> {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Past `until`, only kinds not yet injected still run: every kind asked for is
+    /// injected at least once even when earlier faults took longer than planned.
+    pub async fn run(&mut self, plan: &[Planned], until: Duration) -> Result<(), ChaosError> {
+        let mut seen = std::collections::HashSet::new();
+        for p in plan {
+            let elapsed = self.started.elapsed();
+            if elapsed >= until && seen.contains(&p.kind) {
+                continue;
+            }
+            seen.insert(p.kind);
+            if p.at > elapsed {
+                tokio::time::sleep(p.at - elapsed).await;
+            }
+            let at_ms = self.now_ms();
+            let (target, detail) = self.inject(p).await?;
+            self.events.push(FaultEvent {
+                at_ms,
+                end_ms: self.now_ms().max(at_ms + 1),
+                kind: p.kind.as_str().to_string(),
+                target,
+                detail,
+            });
+        }
+        Ok(())
+    }
+
+    async fn inject(&mut self, p: &Planned) -> Result<(String, String), ChaosError> {
+        let topo = &mut *self.topo;
+        let services = topo.services.len();
+        match p.kind {
+            FaultKind::Kill | FaultKind::Bus => {
+                let i = p.pick % services;
+                let pending = if p.kind == FaultKind::Bus {
+                    // Kill while the chain has work in flight, so deliveries go unacked.
+                    wait_for_chain_work(&topo.db_url, Duration::from_secs(2)).await
+                } else {
+                    0
+                };
+                let node = &mut topo.services[i];
+                node.kill().await;
+                tokio::time::sleep(Duration::from_millis(400 + (p.variant % 600) as u64)).await;
+                node.restarts += 1;
+                node.start(&topo.bin, &topo.http).await?;
+                let detail = if p.kind == FaultKind::Bus {
+                    format!("SIGKILL with {pending} order(s) in the chain, restarted")
+                } else {
+                    "SIGKILL mid-load, restarted".to_string()
+                };
+                Ok((node.name.clone(), detail))
+            }
+            FaultKind::Stop => {
+                // Every other stop hits the server whose sweeper last held the lease.
+                let holder = if p.variant % 2 == 1 {
+                    sweeper_holder(&topo.db_url, topo).await
+                } else {
+                    None
+                };
+                let (i, why) = match holder {
+                    Some(i) => (i, "the sweeper's lease holder"),
+                    None => (p.pick % services, "a server"),
+                };
+                let pause =
+                    CLAIM_LEASE.max(SWEEP_LEASE).max(LEASE_TTL) + Duration::from_millis(1_500);
+                let node = &topo.services[i];
+                node.signal(libc::SIGSTOP);
+                tokio::time::sleep(pause).await;
+                node.signal(libc::SIGCONT);
+                Ok((
+                    node.name.clone(),
+                    format!(
+                        "SIGSTOP {} ms ({why}; claim lease {} ms), then SIGCONT",
+                        pause.as_millis(),
+                        CLAIM_LEASE.as_millis()
+                    ),
+                ))
+            }
+            FaultKind::Gateway => {
+                let j = p.pick % topo.gateways.len();
+                let node = &mut topo.gateways[j];
+                node.kill().await;
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                node.restarts += 1;
+                node.start(&topo.bin, &topo.http).await?;
+                Ok((node.name.clone(), "SIGKILL, restarted after 1.5 s".into()))
+            }
+            FaultKind::DbConn => {
+                let n = terminate_backends(&topo.db_url, &topo.db_name).await?;
+                Ok((
+                    "postgres".into(),
+                    format!("pg_terminate_backend on {n} connection(s)"),
+                ))
+            }
+            FaultKind::Redis => {
+                topo.to_redis.set(Mode::Reset);
+                let deleted = delete_prefix(&topo.redis_url, &topo.redis_prefix).await?;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                topo.to_redis.set(Mode::Pass);
+                Ok((
+                    "redis".into(),
+                    format!("connections reset, window dropped ({deleted} keys deleted)"),
+                ))
+            }
+            FaultKind::Net => {
+                let links = topo.to_service.len() + topo.to_postgres.len();
+                let l = p.pick % links;
+                let to_service = l < topo.to_service.len();
+                let proxy = if to_service {
+                    &topo.to_service[l]
+                } else {
+                    &topo.to_postgres[l - topo.to_service.len()]
+                };
+                // Dropping a response needs a request/response protocol: HTTP only.
+                let forms: &[NetMode] = if to_service {
+                    &[
+                        NetMode::Delay,
+                        NetMode::Reset,
+                        NetMode::Blackhole,
+                        NetMode::DropResponse,
+                    ]
+                } else {
+                    &[NetMode::Delay, NetMode::Reset, NetMode::Blackhole]
+                };
+                let form = forms[p.variant % forms.len()];
+                let (mode, what) = match form {
+                    NetMode::Delay => (Mode::Delay(Duration::from_millis(300)), "300 ms delay"),
+                    NetMode::Reset => (Mode::Reset, "connection reset"),
+                    NetMode::Blackhole => (Mode::Blackhole, "blackhole"),
+                    NetMode::DropResponse => {
+                        (Mode::DropResponse, "request forwarded, response dropped")
+                    }
+                };
+                proxy.set(mode);
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                proxy.set(Mode::Pass);
+                Ok((proxy.name().to_string(), format!("{what} for 1.5 s")))
+            }
+        }
+    }
+}
+
+async fn terminate_backends(db_url: &str, db_name: &str) -> Result<u64, ChaosError> {
+    let mut c = sqlx::PgConnection::connect(db_url)
+        .await
+        .map_err(|e| ChaosError::Setup(format!("PostgreSQL: {e}")))?;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()) t",
+    )
+    .bind(db_name)
+    .fetch_one(&mut c)
+    .await
+    .map_err(|e| ChaosError::Setup(format!("pg_terminate_backend: {e}")))?;
+    let _ = c.close().await;
+    Ok(n as u64)
+}
+
+/// Orders paid or cancelled whose chain step has not finished yet; waits up to `within`
+/// for there to be some.
+async fn wait_for_chain_work(db_url: &str, within: Duration) -> u64 {
+    let deadline = Instant::now() + within;
+    let Ok(mut c) = sqlx::PgConnection::connect(db_url).await else {
+        return 0;
+    };
+    let mut n = 0;
+    while Instant::now() < deadline {
+        n = sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM orders o WHERE (o.status = 'paid' AND NOT EXISTS \
+             (SELECT 1 FROM tickets t WHERE t.order_id = o.order_id)) OR (o.status IN \
+             ('cancelled', 'refund_pending', 'refunded') AND EXISTS (SELECT 1 FROM \
+             inventory_holds h WHERE h.order_id = o.order_id AND h.status = 'held'))",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap_or(0) as u64;
+        if n > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = c.close().await;
+    n
+}
+
+/// The service whose sweeper holds (or last held) the sweeper's lease, by the process
+/// id in its owner name.
+async fn sweeper_holder(db_url: &str, topo: &Topology) -> Option<usize> {
+    let mut c = sqlx::PgConnection::connect(db_url).await.ok()?;
+    let owner: Option<String> = sqlx::query_scalar(
+        "SELECT owner FROM idem_lease_events WHERE name = 'idem.sweeper' AND kind = 'acquired' \
+         ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_optional(&mut c)
+    .await
+    .ok()
+    .flatten();
+    let _ = c.close().await;
+    let pid: u32 = owner?
+        .strip_prefix("sweeper-pid")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()?;
+    topo.services.iter().position(|s| s.pid() == Some(pid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_schedule_with_every_kind() {
+        let a = schedule(1, Duration::from_secs(25), &FaultKind::ALL);
+        let b = schedule(1, Duration::from_secs(25), &FaultKind::ALL);
+        assert_eq!(a, b);
+        for kind in FaultKind::ALL {
+            assert!(a.iter().any(|p| p.kind == kind), "{kind} missing");
+        }
+        assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
+        assert!(a.iter().all(|p| p.at < Duration::from_secs(25)));
+        assert_ne!(a, schedule(2, Duration::from_secs(25), &FaultKind::ALL));
+    }
+
+    #[test]
+    fn fault_lists_parse_and_refuse_unknown_kinds() {
+        assert_eq!(FaultKind::parse_list("all").unwrap().len(), 7);
+        assert_eq!(
+            FaultKind::parse_list("net, kill,net").unwrap(),
+            vec![FaultKind::Kill, FaultKind::Net]
+        );
+        assert!(FaultKind::parse_list("kill,flood").is_err());
+        assert!(FaultKind::parse_list(" , ").is_err());
+    }
+}

@@ -1,0 +1,471 @@
+//! The campaign's processes and links: `idem serve` and `idem gateway` children of the
+//! `idem` binary, a fresh PostgreSQL database, a Redis key prefix, a JetStream stream,
+//! and the fault proxies between them.
+//!
+//! Owns starting, signalling and restarting the children and removing everything it
+//! created: children are killed when the topology is dropped (and, on Linux, when this
+//! process dies), the database, the stream and the Redis keys are removed by
+//! [`Topology::teardown`]. It must not touch rows inside the database: that is the
+//! workload's and the checker's business.
+
+use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use reqwest::Url;
+use serde_json::json;
+use sqlx::Connection;
+use tokio::process::{Child, Command};
+
+use crate::proxy::FaultProxy;
+use crate::ChaosError;
+
+/// Timings the children run with: short enough that a stopped process loses its claims
+/// and leases within a campaign of seconds.
+pub const CLAIM_LEASE: Duration = Duration::from_secs(2);
+pub const SWEEP_LEASE: Duration = Duration::from_secs(2);
+pub const ACK_WAIT: Duration = Duration::from_secs(2);
+pub const LEASE_TTL: Duration = Duration::from_secs(3);
+
+/// Where the topology's servers are and what to call it.
+#[derive(Debug, Clone)]
+pub struct Servers {
+    pub database_url: String,
+    pub redis_url: String,
+    pub nats_url: Option<String>,
+}
+
+/// One child process the topology can kill, stop and restart.
+pub struct Node {
+    pub name: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    health: String,
+    log: PathBuf,
+    child: Option<Child>,
+    pub restarts: u32,
+}
+
+impl Node {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    async fn spawn(&mut self, bin: &Path) -> Result<(), ChaosError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| ChaosError::Setup(format!("log {}: {e}", self.log.display())))?;
+        let err = log
+            .try_clone()
+            .map_err(|e| ChaosError::Setup(format!("log {}: {e}", self.log.display())))?;
+        let mut cmd = Command::new(bin);
+        cmd.args(&self.args)
+            .env_remove("IDEM_DATABASE_URL")
+            .env_remove("IDEM_API_KEYS")
+            .env_remove("IDEM_ADMIN_TOKEN")
+            .env("IDEM_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .kill_on_drop(true);
+        #[cfg(target_os = "linux")]
+        unsafe {
+            // A child outlives an interrupted campaign otherwise.
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| ChaosError::Setup(format!("start {}: {e}", self.name)))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, http: &reqwest::Client) -> Result<(), ChaosError> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(ChaosError::Setup(format!(
+                        "{} exited at start ({status}); see {}",
+                        self.name,
+                        self.log.display()
+                    )));
+                }
+            }
+            if let Ok(r) = http.get(&self.health).send().await {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(ChaosError::Setup(format!(
+            "{} not ready within 60 s; see {}",
+            self.name,
+            self.log.display()
+        )))
+    }
+
+    pub async fn start(&mut self, bin: &Path, http: &reqwest::Client) -> Result<(), ChaosError> {
+        self.spawn(bin).await?;
+        self.wait_ready(http).await
+    }
+
+    /// SIGKILL, and reap it.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    pub fn signal(&self, signal: libc::c_int) -> bool {
+        match self.pid() {
+            // SAFETY: kill(2) on our own child's pid.
+            Some(pid) => unsafe { libc::kill(pid as libc::pid_t, signal) == 0 },
+            None => false,
+        }
+    }
+
+    pub async fn restart(&mut self, bin: &Path, http: &reqwest::Client) -> Result<(), ChaosError> {
+        self.kill().await;
+        self.restarts += 1;
+        self.start(bin, http).await
+    }
+}
+
+/// The running campaign topology.
+pub struct Topology {
+    pub bin: PathBuf,
+    pub run: String,
+    pub dir: PathBuf,
+    pub http: reqwest::Client,
+    /// The checker's and the fault injector's own connection string (direct, no proxy).
+    pub db_url: String,
+    admin_url: String,
+    pub db_name: String,
+    pub redis_url: String,
+    pub redis_prefix: String,
+    pub nats_url: Option<String>,
+    pub nats_stream: String,
+    pub services: Vec<Node>,
+    pub gateways: Vec<Node>,
+    /// gateway → service, one per service.
+    pub to_service: Vec<FaultProxy>,
+    /// service → PostgreSQL, one per service.
+    pub to_postgres: Vec<FaultProxy>,
+    /// gateways → Redis (shared).
+    pub to_redis: FaultProxy,
+    pub api_key: String,
+    pub admin_token: String,
+    principal_secret: String,
+    pub tenant: String,
+}
+
+fn free_port() -> Result<u16, ChaosError> {
+    let l = StdListener::bind("127.0.0.1:0").map_err(|e| ChaosError::Setup(e.to_string()))?;
+    Ok(l.local_addr()
+        .map_err(|e| ChaosError::Setup(e.to_string()))?
+        .port())
+}
+
+fn socket_of(url: &Url) -> Result<SocketAddr, ChaosError> {
+    let host = url.host_str().unwrap_or("127.0.0.1");
+    let port = url.port_or_known_default().unwrap_or(5432);
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| ChaosError::Setup(format!("resolve {host}:{port}: {e}")))?
+        .next()
+        .ok_or_else(|| ChaosError::Setup(format!("{host}:{port} resolves to nothing")))
+}
+
+fn parse_url(url: &str, what: &str) -> Result<Url, ChaosError> {
+    Url::parse(url).map_err(|e| ChaosError::Setup(format!("{what} URL: {e}")))
+}
+
+impl Topology {
+    /// Creates the database and starts every process; on error, what was started is
+    /// removed again.
+    pub async fn start(
+        bin: PathBuf,
+        servers: &Servers,
+        services: usize,
+        gateways: usize,
+        legacy_route: bool,
+    ) -> Result<Topology, ChaosError> {
+        let run = uuid::Uuid::now_v7().simple().to_string()[20..].to_string();
+        let dir = std::env::temp_dir().join(format!("idem-chaos-{run}"));
+        std::fs::create_dir_all(&dir).map_err(|e| ChaosError::Setup(e.to_string()))?;
+
+        let admin = parse_url(&servers.database_url, "database")?;
+        if !matches!(admin.scheme(), "postgres" | "postgresql") {
+            return Err(ChaosError::Setup(
+                "--database-url must be a PostgreSQL URL (the campaign creates a database of its own on that server)".into(),
+            ));
+        }
+        let db_name = format!("idem_chaos_{run}");
+        let mut db = admin.clone();
+        db.set_path(&format!("/{db_name}"));
+        let mut admin_conn = sqlx::PgConnection::connect(admin.as_str())
+            .await
+            .map_err(|e| ChaosError::Setup(format!("PostgreSQL: {e}")))?;
+        sqlx::query(&format!("CREATE DATABASE {db_name}"))
+            .execute(&mut admin_conn)
+            .await
+            .map_err(|e| ChaosError::Setup(format!("create database {db_name}: {e}")))?;
+        let _ = admin_conn.close().await;
+
+        let redis = parse_url(&servers.redis_url, "Redis")?;
+        let redis_addr = socket_of(&redis)?;
+        let to_redis = FaultProxy::start("gateways→redis", redis_addr)
+            .await
+            .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
+        let mut topo = Topology {
+            bin,
+            run: run.clone(),
+            dir,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .map_err(|e| ChaosError::Setup(e.to_string()))?,
+            db_url: db.to_string(),
+            admin_url: admin.to_string(),
+            db_name,
+            redis_url: servers.redis_url.clone(),
+            redis_prefix: format!("idem-chaos-{run}"),
+            nats_url: servers.nats_url.clone(),
+            nats_stream: format!("IDEM_CHAOS_{}", run.to_uppercase()),
+            services: Vec::new(),
+            gateways: Vec::new(),
+            to_service: Vec::new(),
+            to_postgres: Vec::new(),
+            to_redis,
+            api_key: format!("chaos-{}", uuid::Uuid::new_v4().simple()),
+            admin_token: format!("admin-{}", uuid::Uuid::new_v4().simple()),
+            principal_secret: format!("principals-{}", uuid::Uuid::new_v4().simple()),
+            tenant: "chaos".into(),
+        };
+        match topo
+            .start_processes(services, gateways, legacy_route, &redis)
+            .await
+        {
+            Ok(()) => Ok(topo),
+            Err(e) => {
+                topo.teardown().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_processes(
+        &mut self,
+        services: usize,
+        gateways: usize,
+        legacy_route: bool,
+        redis: &Url,
+    ) -> Result<(), ChaosError> {
+        let pg_addr = socket_of(&parse_url(&self.db_url, "database")?)?;
+        for i in 0..services {
+            let pg_proxy = FaultProxy::start(&format!("serve-{i}→postgres"), pg_addr)
+                .await
+                .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
+            let mut url = parse_url(&self.db_url, "database")?;
+            let _ = url.set_ip_host(pg_proxy.addr().ip());
+            let _ = url.set_port(Some(pg_proxy.addr().port()));
+            let port = free_port()?;
+            let listen = SocketAddr::from(([127, 0, 0, 1], port));
+            let mut args = vec![
+                "--database-url".to_string(),
+                url.to_string(),
+                "serve".into(),
+                "--listen".into(),
+                listen.to_string(),
+                "--sweep-every".into(),
+                "1s".into(),
+                "--sweep-lease".into(),
+                format!("{}ms", SWEEP_LEASE.as_millis()),
+                "--claim-lease".into(),
+                format!("{}ms", CLAIM_LEASE.as_millis()),
+                "--in-progress-wait".into(),
+                "3s".into(),
+                "--lease-ttl".into(),
+                format!("{}ms", LEASE_TTL.as_millis()),
+                "--lease-wait".into(),
+                "2s".into(),
+                "--shutdown-grace".into(),
+                "1s".into(),
+            ];
+            if legacy_route {
+                args.push("--legacy-route".into());
+            }
+            if let Some(nats) = &self.nats_url {
+                args.extend([
+                    "--nats-url".into(),
+                    nats.clone(),
+                    "--nats-stream".into(),
+                    self.nats_stream.clone(),
+                    "--nats-subject-prefix".into(),
+                    format!("idem.chaos.{}", self.run),
+                    "--nats-durable-prefix".into(),
+                    format!("idem-chaos-{}", self.run),
+                    "--nats-ack-wait".into(),
+                    format!("{}ms", ACK_WAIT.as_millis()),
+                ]);
+            }
+            let mut node = Node {
+                name: format!("serve-{i}"),
+                args,
+                env: vec![
+                    (
+                        "IDEM_API_KEYS".into(),
+                        format!("{}={}", self.tenant, self.api_key),
+                    ),
+                    ("IDEM_ADMIN_TOKEN".into(), self.admin_token.clone()),
+                ],
+                health: format!("http://{listen}/healthz"),
+                log: self.dir.join(format!("serve-{i}.log")),
+                child: None,
+                restarts: 0,
+            };
+            node.start(&self.bin, &self.http).await?;
+            let to_service = FaultProxy::start(&format!("gateway→serve-{i}"), listen)
+                .await
+                .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
+            self.services.push(node);
+            self.to_postgres.push(pg_proxy);
+            self.to_service.push(to_service);
+        }
+        let mut redis_via_proxy = redis.clone();
+        let _ = redis_via_proxy.set_ip_host(self.to_redis.addr().ip());
+        let _ = redis_via_proxy.set_port(Some(self.to_redis.addr().port()));
+        for j in 0..gateways {
+            let port = free_port()?;
+            let upstream = self.to_service[j % self.to_service.len()].addr();
+            let config = json!({
+                "listen": format!("127.0.0.1:{port}"),
+                "upstream": format!("http://{upstream}"),
+                "redis_url": redis_via_proxy.to_string(),
+                "redis_prefix": self.redis_prefix,
+                "lease_ms": 2_000,
+                "max_wait_ms": 3_000,
+                "upstream_timeout_ms": 4_000,
+                "upstream_connect_timeout_ms": 1_000,
+                "routes": [
+                    {"methods": ["POST"], "path": "/v1/legacy/*", "key": "none"},
+                    {"methods": ["POST"], "path": "/v1/*", "key": "required"},
+                ],
+            });
+            let path = self.dir.join(format!("gateway-{j}.json"));
+            std::fs::write(&path, config.to_string())
+                .map_err(|e| ChaosError::Setup(format!("{}: {e}", path.display())))?;
+            let mut node = Node {
+                name: format!("gateway-{j}"),
+                args: vec![
+                    "gateway".into(),
+                    "--config".into(),
+                    path.display().to_string(),
+                ],
+                // Callers are told apart by their credential, the same way on every gateway.
+                env: vec![(
+                    "IDEM_GATEWAY_PRINCIPAL_SECRET".into(),
+                    self.principal_secret.clone(),
+                )],
+                health: format!("http://127.0.0.1:{port}/_idem/health"),
+                log: self.dir.join(format!("gateway-{j}.log")),
+                child: None,
+                restarts: 0,
+            };
+            node.start(&self.bin, &self.http).await?;
+            self.gateways.push(node);
+        }
+        Ok(())
+    }
+
+    /// Creates `shows` in the campaign's tenant through serve-0's admin API.
+    pub async fn create_shows(&self, shows: &[&str], capacity: i64) -> Result<(), ChaosError> {
+        let base = self.services[0].health.trim_end_matches("/healthz");
+        for show in shows {
+            let r = self
+                .http
+                .put(format!("{base}/v1/admin/shows/{}/{show}", self.tenant))
+                .bearer_auth(&self.admin_token)
+                .json(&json!({"capacity": capacity, "per_order_limit": 6, "price_cents": 5_000}))
+                .send()
+                .await
+                .map_err(|e| ChaosError::Setup(format!("create show {show}: {e}")))?;
+            if !r.status().is_success() {
+                return Err(ChaosError::Setup(format!(
+                    "create show {show}: {}",
+                    r.status()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Base URLs of the gateways.
+    pub fn gateway_urls(&self) -> Vec<String> {
+        self.gateways
+            .iter()
+            .map(|g| g.health.trim_end_matches("/_idem/health").to_string())
+            .collect()
+    }
+
+    /// Every stopped child continued, every dead one restarted, every link passing.
+    pub async fn heal(&mut self) -> Result<(), ChaosError> {
+        for p in self
+            .to_service
+            .iter()
+            .chain(self.to_postgres.iter())
+            .chain(std::iter::once(&self.to_redis))
+        {
+            p.set(crate::proxy::Mode::Pass);
+        }
+        for node in self.services.iter_mut().chain(self.gateways.iter_mut()) {
+            node.signal(libc::SIGCONT);
+            if !node.running() {
+                node.restarts += 1;
+                node.start(&self.bin, &self.http).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills every child and removes the database, the stream and the Redis keys.
+    pub async fn teardown(&mut self) {
+        for node in self.services.iter_mut().chain(self.gateways.iter_mut()) {
+            node.signal(libc::SIGCONT);
+            node.kill().await;
+        }
+        if let Ok(mut c) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db_name);
+            if let Err(e) = sqlx::query(&drop).execute(&mut c).await {
+                tracing::warn!(database = %self.db_name, "could not drop: {e}");
+            }
+            let _ = c.close().await;
+        }
+        if let Err(e) = crate::faults::delete_prefix(&self.redis_url, &self.redis_prefix).await {
+            tracing::warn!(prefix = %self.redis_prefix, "could not delete Redis keys: {e}");
+        }
+        if let Some(nats) = &self.nats_url {
+            if let Ok(client) = async_nats::connect(nats).await {
+                let js = async_nats::jetstream::new(client);
+                let _ = js.delete_stream(&self.nats_stream).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The seeded workload: virtual users creating orders, paying some and cancelling
+//! others, through the gateways with the requester client, and the log of every answer
+//! they saw.
+//!
+//! Owns the shape of the workload (which user, show, quantity; double clicks; pay or
+//! cancel) and the client-side record the checker compares with the ledgers. Every
+//! intent's key is fixed before its first send and every send of it, through any
+//! gateway, carries that key. It must not read the database.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem_client::{ClientError, IdempotentClient, RetryPolicy};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// The campaign's shows, created with stock the workload cannot exhaust: a sold-out
+/// refusal would be a correct answer that is not an acknowledgement.
+pub const SHOWS: [&str; 2] = ["S-CHAOS-1", "S-CHAOS-2"];
+pub const STOCK: i64 = 10_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntentKind {
+    Create,
+    Pay,
+    Cancel,
+}
+
+/// One call of `Intent::send` (itself up to a few attempts) and how it ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct SendLog {
+    pub at_ms: u64,
+    pub end_ms: u64,
+    pub gateway: usize,
+    pub attempts: u32,
+    /// The final status, when an answer came.
+    pub status: Option<u16>,
+    pub replayed: bool,
+    pub order_id: Option<String>,
+    pub order_status: Option<String>,
+    pub error: Option<String>,
+}
+
+impl SendLog {
+    pub fn ok(&self) -> bool {
+        self.status.is_some_and(|s| (200..300).contains(&s))
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IntentLog {
+    /// Also the order's `client_session`: the intent the ledgers are matched against.
+    pub id: String,
+    pub kind: IntentKind,
+    pub key: String,
+    pub user: String,
+    pub show: String,
+    pub quantity: i64,
+    /// Pay and cancel: the order acted on. Create: the order its first 2xx named.
+    pub order_id: Option<String>,
+    /// Two sends started at once (a double click).
+    pub double_click: bool,
+    pub sends: Vec<SendLog>,
+    /// Some send ended 2xx.
+    pub acknowledged: bool,
+    /// The final answer was a refusal the same key cannot change (4xx).
+    pub refused: Option<u16>,
+}
+
+impl IntentLog {
+    pub fn first_ms(&self) -> u64 {
+        self.sends.iter().map(|s| s.at_ms).min().unwrap_or(0)
+    }
+    pub fn last_ms(&self) -> u64 {
+        self.sends.iter().map(|s| s.end_ms).max().unwrap_or(0)
+    }
+}
+
+#[derive(Clone)]
+pub struct Workload {
+    pub gateways: Vec<String>,
+    pub api_key: String,
+    pub seed: u64,
+    pub users: usize,
+    /// Creates through the keyless legacy route (the control).
+    pub legacy: bool,
+    pub started: Instant,
+    /// No new intents once set.
+    pub stop: Arc<AtomicBool>,
+    /// In-flight intents give up at this campaign time.
+    pub deadline: Arc<Mutex<Duration>>,
+    pub log: Arc<Mutex<Vec<IntentLog>>>,
+}
+
+struct Spec {
+    kind: IntentKind,
+    path: String,
+    key: String,
+    body: Value,
+}
+
+impl Workload {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.started.elapsed() >= *self.deadline.lock().expect("deadline lock")
+    }
+
+    fn client(&self) -> IdempotentClient {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(6))
+            .pool_max_idle_per_host(4)
+            .build()
+            .expect("HTTP client");
+        IdempotentClient::new(http).with_policy(
+            RetryPolicy::default()
+                .max_attempts(3)
+                .time_budget(Duration::from_secs(8))
+                .attempt_timeout(Duration::from_secs(5))
+                .backoff(Duration::from_millis(50), Duration::from_millis(800)),
+        )
+    }
+
+    /// Runs every virtual user until [`Workload::stop`], then lets their intents in
+    /// flight finish (or reach the deadline).
+    pub async fn run(&self) {
+        let users = (0..self.users).map(|v| {
+            let w = self.clone();
+            tokio::spawn(async move { w.user(v).await })
+        });
+        for u in futures::future::join_all(users).await {
+            if let Err(e) = u {
+                tracing::error!("virtual user failed: {e}");
+            }
+        }
+    }
+
+    async fn user(&self, v: usize) {
+        let mut rng = StdRng::seed_from_u64(self.seed.wrapping_mul(1_000_003) ^ v as u64);
+        let client = self.client();
+        let user = format!("U-{v}");
+        let mut n = 0u64;
+        while !self.stop.load(Ordering::Relaxed) {
+            n += 1;
+            let id = format!("i-{v}-{n}");
+            let show = SHOWS[rng.random_range(0..SHOWS.len())];
+            let quantity = rng.random_range(1..=3);
+            let create = Spec {
+                kind: IntentKind::Create,
+                path: if self.legacy {
+                    "/v1/legacy/orders".into()
+                } else {
+                    "/v1/orders".into()
+                },
+                key: format!("create-{id}"),
+                body: json!({"user_id": user, "show_id": show, "quantity": quantity,
+                             "client_session": id}),
+            };
+            let double = rng.random_bool(0.2);
+            let gateway = rng.random_range(0..self.gateways.len());
+            let created = self
+                .intent(
+                    &client, &create, &id, &user, show, quantity, None, double, gateway,
+                )
+                .await;
+            let Some(order) = created else {
+                continue;
+            };
+            let next = rng.random_range(0..100);
+            let (kind, verb) = match next {
+                0..60 => (IntentKind::Pay, "pay"),
+                60..85 => (IntentKind::Cancel, "cancel"),
+                _ => continue,
+            };
+            let spec = Spec {
+                kind,
+                path: format!("/v1/orders/{order}/{verb}"),
+                key: format!("{verb}-{order}"),
+                body: json!({}),
+            };
+            let double = rng.random_bool(0.2);
+            let gateway = rng.random_range(0..self.gateways.len());
+            self.intent(
+                &client,
+                &spec,
+                &format!("{id}-{verb}"),
+                &user,
+                show,
+                quantity,
+                Some(order),
+                double,
+                gateway,
+            )
+            .await;
+            // Think time: keeps the load per user moderate and varied.
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..60))).await;
+        }
+    }
+
+    /// Sends one intent until acknowledged, refused or past the deadline; logs it and
+    /// returns the order id a 2xx named.
+    #[allow(clippy::too_many_arguments)]
+    async fn intent(
+        &self,
+        client: &IdempotentClient,
+        spec: &Spec,
+        id: &str,
+        user: &str,
+        show: &str,
+        quantity: i64,
+        order: Option<String>,
+        double: bool,
+        gateway: usize,
+    ) -> Option<String> {
+        let mut log = IntentLog {
+            id: id.to_string(),
+            kind: spec.kind,
+            key: spec.key.clone(),
+            user: user.to_string(),
+            show: show.to_string(),
+            quantity,
+            order_id: order,
+            double_click: double,
+            sends: Vec::new(),
+            acknowledged: false,
+            refused: None,
+        };
+        let mut g = gateway;
+        if double {
+            // Two sends at once through two gateways; both must end in the same answer.
+            let other = (g + 1) % self.gateways.len();
+            let (a, b) = tokio::join!(self.send(client, spec, g), self.send(client, spec, other));
+            log.sends.push(a);
+            log.sends.push(b);
+            g = other;
+        }
+        while !log.sends.iter().any(SendLog::ok) && log.refused.is_none() && !self.past_deadline() {
+            if let Some(last) = log.sends.last() {
+                if let Some(s) = last.status.filter(|s| (400..500).contains(s)) {
+                    // The client returns a 409 only when it is the key's answer.
+                    if ![408, 429].contains(&s) {
+                        log.refused = Some(s);
+                        break;
+                    }
+                }
+                // Another gateway for the next try, as a client with several endpoints would.
+                g = (g + 1) % self.gateways.len();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            log.sends.push(self.send(client, spec, g).await);
+        }
+        log.acknowledged = log.sends.iter().any(SendLog::ok);
+        if spec.kind == IntentKind::Create {
+            log.order_id = log
+                .sends
+                .iter()
+                .find(|s| s.ok())
+                .and_then(|s| s.order_id.clone());
+        }
+        let order = log.order_id.clone().filter(|_| log.acknowledged);
+        self.log.lock().expect("log lock").push(log);
+        order
+    }
+
+    async fn send(&self, client: &IdempotentClient, spec: &Spec, g: usize) -> SendLog {
+        let at_ms = self.now_ms();
+        let url = format!("{}{}", self.gateways[g], spec.path);
+        let intent = client
+            .post(url)
+            .business_key(spec.key.clone())
+            .and_then(|i| i.bearer_auth(&self.api_key).json(&spec.body));
+        let mut log = SendLog {
+            at_ms,
+            end_ms: at_ms,
+            gateway: g,
+            attempts: 0,
+            status: None,
+            replayed: false,
+            order_id: None,
+            order_status: None,
+            error: None,
+        };
+        let answer = match intent {
+            Ok(intent) => intent.send().await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(r) => {
+                log.attempts = r.attempts;
+                log.status = Some(r.status.as_u16());
+                log.replayed = r.replayed;
+                if let Ok(v) = r.json::<Value>() {
+                    log.order_id = v["order_id"].as_str().map(str::to_string);
+                    log.order_status = v["status"].as_str().map(str::to_string);
+                }
+            }
+            Err(ClientError::Rejected { response, .. }) => {
+                log.attempts = response.attempts;
+                log.status = Some(response.status.as_u16());
+                log.error = Some(response.text().chars().take(200).collect());
+            }
+            Err(e) => {
+                if let ClientError::GaveUp { attempts, .. } = &e {
+                    log.attempts = *attempts;
+                }
+                log.error = Some(e.to_string());
+            }
+        }
+        log.end_ms = self.now_ms();
+        log
+    }
+}
