@@ -39,6 +39,9 @@ pub enum ChaosError {
     /// The ledgers could not be read.
     #[error("checking: {0}")]
     Check(String),
+    /// SIGINT or SIGTERM: the campaign stopped and removed what it had started.
+    #[error("interrupted; everything the campaign started was removed")]
+    Interrupted,
 }
 
 #[derive(Debug, Clone)]
@@ -75,21 +78,38 @@ pub async fn run(options: ChaosOptions) -> Result<(Report, PathBuf), ChaosError>
     if options.duration < Duration::from_secs(5) {
         return Err(ChaosError::Usage("--duration must be at least 5s".into()));
     }
-    let mut topo = topology::Topology::start(
-        options.bin.clone(),
-        &options.servers,
-        options.services,
-        options.gateways,
-        options.control_legacy,
-    )
-    .await?;
+    let mut topo = topology::Topology::create(options.bin.clone(), &options.servers).await?;
     let dir = topo.dir.clone();
-    let result = campaign(&mut topo, &options).await;
+    let result = tokio::select! {
+        r = async {
+            topo.start_processes(options.services, options.gateways, options.control_legacy)
+                .await?;
+            campaign(&mut topo, &options).await
+        } => r,
+        _ = interrupted() => Err(ChaosError::Interrupted),
+    };
     topo.teardown().await;
     if matches!(&result, Ok(r) if r.passed) {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result.map(|r| (r, dir))
+}
+
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        // Without handlers the default action stays: children die with us (PDEATHSIG).
+        _ => std::future::pending().await,
+    }
 }
 
 async fn campaign(topo: &mut topology::Topology, o: &ChaosOptions) -> Result<Report, ChaosError> {

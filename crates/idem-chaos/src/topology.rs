@@ -198,15 +198,10 @@ fn parse_url(url: &str, what: &str) -> Result<Url, ChaosError> {
 }
 
 impl Topology {
-    /// Creates the database and starts every process; on error, what was started is
-    /// removed again.
-    pub async fn start(
-        bin: PathBuf,
-        servers: &Servers,
-        services: usize,
-        gateways: usize,
-        legacy_route: bool,
-    ) -> Result<Topology, ChaosError> {
+    /// Creates the database and the Redis link; [`Topology::start_processes`] then
+    /// starts the children. Whatever happens after this returns, [`Topology::teardown`]
+    /// removes it.
+    pub async fn create(bin: PathBuf, servers: &Servers) -> Result<Topology, ChaosError> {
         let run = uuid::Uuid::now_v7().simple().to_string()[20..].to_string();
         let dir = std::env::temp_dir().join(format!("idem-chaos-{run}"));
         std::fs::create_dir_all(&dir).map_err(|e| ChaosError::Setup(e.to_string()))?;
@@ -234,7 +229,7 @@ impl Topology {
         let to_redis = FaultProxy::start("gateways→redis", redis_addr)
             .await
             .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
-        let mut topo = Topology {
+        let topo = Topology {
             bin,
             run: run.clone(),
             dir,
@@ -259,25 +254,16 @@ impl Topology {
             principal_secret: format!("principals-{}", uuid::Uuid::new_v4().simple()),
             tenant: "chaos".into(),
         };
-        match topo
-            .start_processes(services, gateways, legacy_route, &redis)
-            .await
-        {
-            Ok(()) => Ok(topo),
-            Err(e) => {
-                topo.teardown().await;
-                Err(e)
-            }
-        }
+        Ok(topo)
     }
 
-    async fn start_processes(
+    pub async fn start_processes(
         &mut self,
         services: usize,
         gateways: usize,
         legacy_route: bool,
-        redis: &Url,
     ) -> Result<(), ChaosError> {
+        let redis = &parse_url(&self.redis_url, "Redis")?;
         let pg_addr = socket_of(&parse_url(&self.db_url, "database")?)?;
         for i in 0..services {
             let pg_proxy = FaultProxy::start(&format!("serve-{i}→postgres"), pg_addr)

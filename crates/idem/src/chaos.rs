@@ -103,7 +103,14 @@ pub async fn run(database_url: Option<String>, args: ChaosArgs) -> Result<ExitCo
         progress: !args.json,
         workload_log: args.workload_log.clone(),
     };
-    let (report, logs) = idem_chaos::run(options).await.map_err(err)?;
+    let (report, logs) = match idem_chaos::run(options).await {
+        Ok(done) => done,
+        Err(ChaosError::Interrupted) => {
+            eprintln!("idem chaos: {}", ChaosError::Interrupted);
+            return Ok(ExitCode::from(130));
+        }
+        Err(e) => return Err(err(e)),
+    };
     if let Some(path) = &args.html {
         std::fs::write(path, idem_chaos::html::render(&report)).map_err(|e| {
             StoreError::InvalidInput(format!("cannot write {}: {e}", path.display()))
