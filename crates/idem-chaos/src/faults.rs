@@ -300,30 +300,37 @@ impl Injector<'_> {
                 } else {
                     &topo.to_postgres[l - topo.to_service.len()]
                 };
-                // Dropping a response needs a request/response protocol: HTTP only.
+                // Every form on the link in turn, so one net fault covers them all;
+                // dropping a response needs a request/response protocol: HTTP only.
                 let forms: &[NetMode] = if to_service {
                     &[
+                        NetMode::DropResponse,
                         NetMode::Delay,
                         NetMode::Reset,
                         NetMode::Blackhole,
-                        NetMode::DropResponse,
                     ]
                 } else {
                     &[NetMode::Delay, NetMode::Reset, NetMode::Blackhole]
                 };
-                let form = forms[p.variant % forms.len()];
-                let (mode, what) = match form {
-                    NetMode::Delay => (Mode::Delay(Duration::from_millis(300)), "300 ms delay"),
-                    NetMode::Reset => (Mode::Reset, "connection reset"),
-                    NetMode::Blackhole => (Mode::Blackhole, "blackhole"),
-                    NetMode::DropResponse => {
-                        (Mode::DropResponse, "request forwarded, response dropped")
-                    }
-                };
-                proxy.set(mode);
-                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                let mut done = Vec::new();
+                for form in forms {
+                    let (mode, what) = match form {
+                        NetMode::Delay => (Mode::Delay(Duration::from_millis(300)), "300 ms delay"),
+                        NetMode::Reset => (Mode::Reset, "connection reset"),
+                        NetMode::Blackhole => (Mode::Blackhole, "blackhole"),
+                        NetMode::DropResponse => {
+                            (Mode::DropResponse, "request forwarded, response dropped")
+                        }
+                    };
+                    proxy.set(mode);
+                    tokio::time::sleep(Duration::from_millis(800)).await;
+                    done.push(what);
+                }
                 proxy.set(Mode::Pass);
-                Ok((proxy.name().to_string(), format!("{what} for 1.5 s")))
+                Ok((
+                    proxy.name().to_string(),
+                    format!("{}, 0.8 s each", done.join(", then ")),
+                ))
             }
         }
     }

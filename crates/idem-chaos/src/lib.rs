@@ -161,7 +161,8 @@ async fn campaign(topo: &mut topology::Topology, o: &ChaosOptions) -> Result<Rep
         p.finish_and_clear();
     }
 
-    let ledgers = check::Ledgers::read(&topo.db_url, &topo.tenant).await?;
+    let mut ledgers = check::Ledgers::read(&topo.db_url, &topo.tenant).await?;
+    ledgers.observed.extend(topo.scrape_metrics().await);
     let log = log.lock().expect("log lock").clone();
     if let Some(path) = &o.workload_log {
         write_log(path, &log)?;

@@ -403,6 +403,43 @@ impl Topology {
         Ok(())
     }
 
+    /// The counters that show faults biting, summed over the services as they are now
+    /// (a restarted service starts from zero): consumer runs by result, the layer's
+    /// decisions and executions by outcome.
+    pub async fn scrape_metrics(&self) -> std::collections::BTreeMap<String, u64> {
+        const WANTED: [&str; 3] = [
+            "idem_orders_deliveries_total",
+            "idem_http_requests_total",
+            "idem_http_executions_total",
+        ];
+        let mut sums = std::collections::BTreeMap::new();
+        for node in &self.services {
+            let url = node.health.replace("/healthz", "/metrics");
+            let Ok(r) = self
+                .http
+                .get(&url)
+                .bearer_auth(&self.admin_token)
+                .send()
+                .await
+            else {
+                continue;
+            };
+            let Ok(text) = r.text().await else { continue };
+            for line in text.lines().filter(|l| !l.starts_with('#')) {
+                let Some((series, value)) = line.rsplit_once(' ') else {
+                    continue;
+                };
+                if !WANTED.iter().any(|w| series.starts_with(w)) {
+                    continue;
+                }
+                if let Ok(v) = value.parse::<f64>() {
+                    *sums.entry(format!("metrics.{series}")).or_insert(0) += v as u64;
+                }
+            }
+        }
+        sums
+    }
+
     /// Base URLs of the gateways.
     pub fn gateway_urls(&self) -> Vec<String> {
         self.gateways
