@@ -50,6 +50,10 @@ pub struct Ledgers {
     lease_grants: Vec<(String, i64, String)>,
     fences: HashMap<String, i64>,
     records: u64,
+    /// Provider operations (charges, refunds) with no payment row: money moved unrecorded.
+    unrecorded_provider_ops: Vec<(String, String)>,
+    /// (order, event, times) for an event recorded more than once.
+    repeated_transitions: Vec<(String, String, i64)>,
     pub observed: BTreeMap<String, u64>,
 }
 
@@ -59,14 +63,20 @@ fn db_err(e: sqlx::Error) -> ChaosError {
 
 impl Ledgers {
     pub async fn read(db_url: &str, tenant: &str) -> Result<Ledgers, ChaosError> {
-        let mut c = PgConnection::connect(db_url).await.map_err(db_err)?;
+        let mut conn = PgConnection::connect(db_url).await.map_err(db_err)?;
+        // One snapshot: a consumer or sweeper finishing mid-read cannot tear the ledgers.
+        let mut c = conn.begin().await.map_err(db_err)?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *c)
+            .await
+            .map_err(db_err)?;
         let mut l = Ledgers::default();
         for r in sqlx::query(
             "SELECT order_id, client_session, idempotency_key, show_id, quantity, amount_cents, \
              status FROM orders WHERE tenant_id = $1",
         )
         .bind(tenant)
-        .fetch_all(&mut c)
+        .fetch_all(&mut *c)
         .await
         .map_err(db_err)?
         {
@@ -83,7 +93,7 @@ impl Ledgers {
         for r in
             sqlx::query("SELECT order_id, to_status FROM order_transitions WHERE tenant_id = $1")
                 .bind(tenant)
-                .fetch_all(&mut c)
+                .fetch_all(&mut *c)
                 .await
                 .map_err(db_err)?
         {
@@ -96,7 +106,7 @@ impl Ledgers {
             "SELECT payment_id, order_id, kind, amount_cents FROM payments WHERE tenant_id = $1",
         )
         .bind(tenant)
-        .fetch_all(&mut c)
+        .fetch_all(&mut *c)
         .await
         .map_err(db_err)?
         {
@@ -105,7 +115,7 @@ impl Ledgers {
         for r in
             sqlx::query("SELECT show_id, capacity, available FROM inventory WHERE tenant_id = $1")
                 .bind(tenant)
-                .fetch_all(&mut c)
+                .fetch_all(&mut *c)
                 .await
                 .map_err(db_err)?
         {
@@ -116,7 +126,7 @@ impl Ledgers {
              release_owner FROM inventory_holds WHERE tenant_id = $1",
         )
         .bind(tenant)
-        .fetch_all(&mut c)
+        .fetch_all(&mut *c)
         .await
         .map_err(db_err)?
         {
@@ -134,7 +144,7 @@ impl Ledgers {
             "SELECT order_id, count(*) FROM tickets WHERE tenant_id = $1 GROUP BY order_id",
         )
         .bind(tenant)
-        .fetch_all(&mut c)
+        .fetch_all(&mut *c)
         .await
         .map_err(db_err)?
         {
@@ -144,7 +154,7 @@ impl Ledgers {
             "SELECT consumer, business_key FROM consumer_processed WHERE tenant_id = $1",
         )
         .bind(tenant)
-        .fetch_all(&mut c)
+        .fetch_all(&mut *c)
         .await
         .map_err(db_err)?
         {
@@ -155,7 +165,7 @@ impl Ledgers {
              published_at IS NULL",
         )
         .bind(tenant)
-        .fetch_all(&mut c)
+        .fetch_all(&mut *c)
         .await
         .map_err(db_err)?
         {
@@ -163,9 +173,10 @@ impl Ledgers {
         }
         for r in sqlx::query(
             "SELECT tenant_id, key, owner FROM idem_records WHERE state = 'PROCESSING' AND \
-             lease_expires_at < (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+             (lease_expires_at IS NULL OR \
+              lease_expires_at < (extract(epoch FROM clock_timestamp()) * 1000)::bigint)",
         )
-        .fetch_all(&mut c)
+        .fetch_all(&mut *c)
         .await
         .map_err(db_err)?
         {
@@ -175,21 +186,21 @@ impl Ledgers {
             "SELECT name, token, coalesce(owner, '') FROM idem_lease_events \
              WHERE kind = 'acquired' ORDER BY id",
         )
-        .fetch_all(&mut c)
+        .fetch_all(&mut *c)
         .await
         .map_err(db_err)?
         {
             l.lease_grants.push((r.get(0), r.get(1), r.get(2)));
         }
         for r in sqlx::query("SELECT resource, last_token FROM idem_fences")
-            .fetch_all(&mut c)
+            .fetch_all(&mut *c)
             .await
             .map_err(db_err)?
         {
             l.fences.insert(r.get(0), r.get(1));
         }
         for r in sqlx::query("SELECT kind, count(*) FROM idem_lease_events GROUP BY kind")
-            .fetch_all(&mut c)
+            .fetch_all(&mut *c)
             .await
             .map_err(db_err)?
         {
@@ -197,8 +208,31 @@ impl Ledgers {
             let n: i64 = r.get(1);
             l.observed.insert(format!("lease_events.{kind}"), n as u64);
         }
+        for r in sqlx::query(
+            "SELECT o.order_id, o.kind FROM psp_operations o WHERE o.tenant_id = $1 AND \
+             NOT EXISTS (SELECT 1 FROM payments p WHERE p.tenant_id = o.tenant_id AND \
+             p.provider_key = o.provider_key)",
+        )
+        .bind(tenant)
+        .fetch_all(&mut *c)
+        .await
+        .map_err(db_err)?
+        {
+            l.unrecorded_provider_ops.push((r.get(0), r.get(1)));
+        }
+        for r in sqlx::query(
+            "SELECT order_id, event, count(*) FROM order_transitions WHERE tenant_id = $1 \
+             GROUP BY order_id, event HAVING count(*) > 1",
+        )
+        .bind(tenant)
+        .fetch_all(&mut *c)
+        .await
+        .map_err(db_err)?
+        {
+            l.repeated_transitions.push((r.get(0), r.get(1), r.get(2)));
+        }
         let records: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_records")
-            .fetch_one(&mut c)
+            .fetch_one(&mut *c)
             .await
             .map_err(db_err)?;
         l.records = records as u64;
@@ -206,12 +240,13 @@ impl Ledgers {
             "SELECT count(*) FROM idem_records WHERE tenant_id = $1 AND attempts > 1",
         )
         .bind(tenant)
-        .fetch_one(&mut c)
+        .fetch_one(&mut *c)
         .await
         .map_err(db_err)?;
         l.observed
             .insert("records_claimed_again".into(), reexecuted as u64);
-        let _ = c.close().await;
+        c.commit().await.map_err(db_err)?;
+        let _ = conn.close().await;
         Ok(l)
     }
 }
@@ -236,7 +271,10 @@ const TITLES: [(&str, &str); 8] = [
     ),
     ("I6", "fencing tokens accepted per resource never go back"),
     ("I7", "nothing PROCESSING past its lease after settling"),
-    ("I8", "at least 95 % of intents acknowledged"),
+    (
+        "I8",
+        "at least 95 % of intents answered (2xx, or the refused half of a pay/cancel race)",
+    ),
 ];
 
 /// Minimum share of intents acknowledged by the end (I8).
@@ -278,12 +316,19 @@ fn nearby(faults: &[FaultEvent], from: u64, to: u64) -> Vec<String> {
         .collect()
 }
 
-/// Checks every invariant. `control` is true for the keyless control, where
-/// duplicates are expected and reported as found.
+/// Whether an intent ended in an answer: a 2xx, or for one of a pay/cancel pair sent
+/// at once on purpose, the refusal of the one that lost.
+pub fn answered(i: &IntentLog) -> bool {
+    i.acknowledged || (i.race && i.refused == Some(409))
+}
+
+/// Checks every invariant. `legacy` is the keyless control: its orders carry no key, and
+/// the duplicates it makes are reported like any others.
 pub fn check(
     log: &[IntentLog],
     l: &Ledgers,
     faults: &[FaultEvent],
+    legacy: bool,
 ) -> (Vec<InvariantResult>, Vec<Anomaly>) {
     let mut f = Findings {
         faults,
@@ -311,6 +356,16 @@ pub fn check(
     // I1 and I2.
     for i in log {
         let ok: Vec<_> = i.sends.iter().filter(|s| s.ok()).collect();
+        if let Some(status) = i.refused {
+            if !(i.race && status == 409) {
+                f.add(
+                    "I1",
+                    Some(i),
+                    i.order_id.iter().cloned().collect(),
+                    format!("refused with {status}, which nothing in the workload should cause"),
+                );
+            }
+        }
         match i.kind {
             IntentKind::Create => {
                 let orders = by_session.get(i.id.as_str()).cloned().unwrap_or_default();
@@ -336,7 +391,12 @@ pub fn check(
                     );
                     continue;
                 };
-                if order.key.is_some() && order.key.as_deref() != Some(i.key.as_str()) {
+                let key_ok = if legacy {
+                    order.key.is_none()
+                } else {
+                    order.key.as_deref() == Some(i.key.as_str())
+                };
+                if !key_ok {
                     f.add(
                         "I1",
                         Some(i),
@@ -354,24 +414,48 @@ pub fn check(
                             format!("a 2xx named order {:?}", s.order_id),
                         );
                     }
-                    if let Some(st) = &s.order_status {
-                        if !passed.contains(st) {
-                            f.add(
-                                "I1",
-                                Some(i),
-                                vec![order.id.clone()],
-                                format!("a 2xx said status {st}, the order never had it"),
-                            );
-                        }
+                    match &s.order_status {
+                        Some(st) if passed.contains(st) => {}
+                        Some(st) => f.add(
+                            "I1",
+                            Some(i),
+                            vec![order.id.clone()],
+                            format!("a 2xx said status {st}, the order never had it"),
+                        ),
+                        None => f.add(
+                            "I1",
+                            Some(i),
+                            vec![order.id.clone()],
+                            "a 2xx without the order's status".into(),
+                        ),
                     }
                 }
             }
             IntentKind::Pay | IntentKind::Cancel => {
+                let wanted = if i.kind == IntentKind::Pay {
+                    "paid"
+                } else {
+                    "cancelled"
+                };
+                let target = i.order_id.as_deref().unwrap_or_default();
+                if i.race && i.refused.is_some() {
+                    f.count("I1", 1);
+                    let became = by_id
+                        .get(target)
+                        .is_some_and(|o| statuses_of(o).contains(wanted));
+                    if became {
+                        f.add(
+                            "I1",
+                            Some(i),
+                            vec![target.into()],
+                            format!("refused, yet the order became {wanted}"),
+                        );
+                    }
+                }
                 if !i.acknowledged {
                     continue;
                 }
                 f.count("I1", 1);
-                let target = i.order_id.as_deref().unwrap_or_default();
                 let Some(order) = by_id.get(target) else {
                     f.add(
                         "I1",
@@ -382,11 +466,6 @@ pub fn check(
                     continue;
                 };
                 let passed = statuses_of(order);
-                let wanted = if i.kind == IntentKind::Pay {
-                    "paid"
-                } else {
-                    "cancelled"
-                };
                 if !passed.contains(wanted) {
                     f.add(
                         "I1",
@@ -404,13 +483,20 @@ pub fn check(
                             format!("a 2xx named order {:?}", s.order_id),
                         );
                     }
-                    if let Some(st) = s.order_status.as_ref().filter(|st| !passed.contains(*st)) {
-                        f.add(
+                    match &s.order_status {
+                        Some(st) if passed.contains(st) => {}
+                        Some(st) => f.add(
                             "I1",
                             Some(i),
                             vec![target.into()],
                             format!("a 2xx said status {st}, the order never had it"),
-                        );
+                        ),
+                        None => f.add(
+                            "I1",
+                            Some(i),
+                            vec![target.into()],
+                            "a 2xx without the order's status".into(),
+                        ),
                     }
                 }
             }
@@ -449,6 +535,14 @@ pub fn check(
             "charge" => charges.entry(order).or_default().push(*amount),
             _ => *refunds.entry(order).or_default() += 1,
         }
+    }
+    for (order, kind) in &l.unrecorded_provider_ops {
+        f.add(
+            "I3",
+            None,
+            vec![order.clone()],
+            format!("the provider recorded a {kind} the payments ledger does not have"),
+        );
     }
     for o in &l.orders {
         let c = charges.get(o.id.as_str()).map(Vec::as_slice).unwrap_or(&[]);
@@ -599,6 +693,14 @@ pub fn check(
             );
         }
     }
+    for (order, event, n) in &l.repeated_transitions {
+        f.add(
+            "I5",
+            None,
+            vec![order.clone()],
+            format!("event {event} applied {n} times"),
+        );
+    }
     for (topic, order) in &l.unpublished {
         f.add(
             "I5",
@@ -644,7 +746,8 @@ pub fn check(
                 continue;
             };
             if let Some((pt, pat)) = prev {
-                if token < pt && at > pat {
+                // Each release takes the lease anew: a later one carries a larger token.
+                if token <= pt && at > pat {
                     f.add(
                         "I6",
                         None,
@@ -701,7 +804,7 @@ pub fn check(
     }
 
     // I8.
-    let acked = log.iter().filter(|i| i.acknowledged).count();
+    let acked = log.iter().filter(|i| answered(i)).count();
     f.count("I8", log.len() as u64);
     let ratio = if log.is_empty() {
         0.0
@@ -714,7 +817,7 @@ pub fn check(
             None,
             Vec::new(),
             format!(
-                "{acked} of {} intents acknowledged ({:.1} %)",
+                "{acked} of {} intents answered ({:.1} %)",
                 log.len(),
                 ratio * 100.0
             ),
@@ -772,6 +875,7 @@ mod tests {
             ],
             acknowledged: true,
             refused: None,
+            race: false,
         }
     }
 
@@ -811,7 +915,7 @@ mod tests {
     }
 
     fn found(log: &[IntentLog], l: &Ledgers) -> Vec<String> {
-        let (results, anomalies) = check(log, l, &[]);
+        let (results, anomalies) = check(log, l, &[], false);
         for r in &results {
             assert_eq!(
                 r.passed,
@@ -956,5 +1060,56 @@ mod tests {
             log.push(i);
         }
         assert_eq!(found(&log, &l), ["I8"]);
+    }
+
+    #[test]
+    fn a_refusal_is_an_answer_only_for_the_loser_of_a_race() {
+        let (mut log, l) = clean();
+        let mut cancel = create("i1-cancel", "o1");
+        cancel.kind = IntentKind::Cancel;
+        cancel.sends[0].status = Some(409);
+        cancel.sends.truncate(1);
+        cancel.acknowledged = false;
+        cancel.refused = Some(409);
+        cancel.race = true;
+        log.push(cancel.clone());
+        assert_eq!(found(&log, &l), Vec::<String>::new());
+        assert!(answered(&cancel));
+        // Refused, yet the order was cancelled: the refusal lied.
+        let mut l2 = Ledgers {
+            orders: l.orders.clone(),
+            ..Default::default()
+        };
+        l2.orders[0].status = "cancelled".into();
+        l2.passed_through.insert(
+            "o1".into(),
+            ["pending_payment".to_string(), "cancelled".to_string()].into(),
+        );
+        let mut released = hold("o1", "released");
+        released.token = Some(1);
+        released.released_at = Some(1);
+        released.owner = Some("w".into());
+        l2.holds.push(released);
+        l2.lease_grants
+            .push(("inventory:t:S".into(), 1, "w".into()));
+        l2.processed
+            .insert(("inventory-releaser".into(), "release:o1".into()));
+        l2.stock.push(("S".into(), 10, 10));
+        assert_eq!(found(&log, &l2), ["I1"]);
+        // Outside a race, nothing in the workload should be refused.
+        cancel.race = false;
+        log[1] = cancel;
+        assert_eq!(found(&log, &l), ["I1", "I8"]);
+    }
+
+    #[test]
+    fn money_moved_unrecorded_or_an_event_applied_twice_is_found() {
+        let (log, mut l) = clean();
+        l.unrecorded_provider_ops
+            .push(("o1".into(), "charge".into()));
+        assert_eq!(found(&log, &l), ["I3"]);
+        let (log, mut l) = clean();
+        l.repeated_transitions.push(("o1".into(), "pay".into(), 2));
+        assert_eq!(found(&log, &l), ["I5"]);
     }
 }

@@ -240,20 +240,26 @@ impl Injector<'_> {
                 Ok((node.name.clone(), detail))
             }
             FaultKind::Stop => {
-                // Every other stop hits the server whose sweeper last held the lease.
+                // Every other stop waits for a server whose sweeper holds the lease now.
                 let holder = if p.variant % 2 == 1 {
-                    sweeper_holder(&topo.db_url, topo).await
+                    live_sweeper_holder(topo, Duration::from_secs(3)).await
                 } else {
                     None
                 };
-                let (i, why) = match holder {
-                    Some(i) => (i, "the sweeper's lease holder"),
-                    None => (p.pick % services, "a server"),
-                };
+                let i = holder.as_ref().map_or(p.pick % services, |(i, _)| *i);
                 let pause =
                     CLAIM_LEASE.max(SWEEP_LEASE).max(LEASE_TTL) + Duration::from_millis(1_500);
                 let node = &topo.services[i];
                 node.signal(libc::SIGSTOP);
+                // Said as found after the stop: the run may have ended just before it.
+                let why = match &holder {
+                    Some((_, owner)) if holds_sweeper_lease(&topo.db_url, owner).await => {
+                        "holding the sweeper's lease"
+                    }
+                    Some(_) => "its sweeper run ended just before the stop",
+                    None if p.variant % 2 == 1 => "no sweeper run caught; a server",
+                    None => "a server",
+                };
                 tokio::time::sleep(pause).await;
                 node.signal(libc::SIGCONT);
                 Ok((
@@ -363,8 +369,8 @@ async fn wait_for_chain_work(db_url: &str, within: Duration) -> u64 {
     while Instant::now() < deadline {
         n = sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM orders o WHERE (o.status = 'paid' AND NOT EXISTS \
-             (SELECT 1 FROM tickets t WHERE t.order_id = o.order_id)) OR (o.status IN \
-             ('cancelled', 'refund_pending', 'refunded') AND EXISTS (SELECT 1 FROM \
+             (SELECT 1 FROM tickets t WHERE t.order_id = o.order_id)) OR (o.status = \
+             'cancelled' AND EXISTS (SELECT 1 FROM \
              inventory_holds h WHERE h.order_id = o.order_id AND h.status = 'held'))",
         )
         .fetch_one(&mut c)
@@ -379,26 +385,53 @@ async fn wait_for_chain_work(db_url: &str, within: Duration) -> u64 {
     n
 }
 
-/// The service whose sweeper holds (or last held) the sweeper's lease, by the process
-/// id in its owner name.
-async fn sweeper_holder(db_url: &str, topo: &Topology) -> Option<usize> {
-    let mut c = sqlx::PgConnection::connect(db_url).await.ok()?;
-    let owner: Option<String> = sqlx::query_scalar(
-        "SELECT owner FROM idem_lease_events WHERE name = 'idem.sweeper' AND kind = 'acquired' \
-         ORDER BY id DESC LIMIT 1",
-    )
-    .fetch_optional(&mut c)
-    .await
-    .ok()
-    .flatten();
+/// The service whose sweeper holds the sweeper's lease right now (by the process id in
+/// its owner name), polled for up to `within`; runs are short, so it is caught mid-run.
+async fn live_sweeper_holder(topo: &Topology, within: Duration) -> Option<(usize, String)> {
+    let mut c = sqlx::PgConnection::connect(&topo.db_url).await.ok()?;
+    let deadline = Instant::now() + within;
+    let mut found = None;
+    while found.is_none() && Instant::now() < deadline {
+        let owner: Option<String> = sqlx::query_scalar(
+            "SELECT owner FROM idem_leases WHERE name = 'idem.sweeper' AND ended_at IS NULL \
+             AND expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+        )
+        .fetch_optional(&mut c)
+        .await
+        .ok()
+        .flatten();
+        found = owner.and_then(|owner| {
+            let pid: u32 = owner
+                .strip_prefix("sweeper-pid")?
+                .split('-')
+                .next()?
+                .parse()
+                .ok()?;
+            let i = topo.services.iter().position(|s| s.pid() == Some(pid))?;
+            Some((i, owner))
+        });
+        if found.is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     let _ = c.close().await;
-    let pid: u32 = owner?
-        .strip_prefix("sweeper-pid")?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()?;
-    topo.services.iter().position(|s| s.pid() == Some(pid))
+    found
+}
+
+async fn holds_sweeper_lease(db_url: &str, owner: &str) -> bool {
+    let Ok(mut c) = sqlx::PgConnection::connect(db_url).await else {
+        return false;
+    };
+    let held = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM idem_leases WHERE name = 'idem.sweeper' AND owner = $1 \
+         AND ended_at IS NULL",
+    )
+    .bind(owner)
+    .fetch_one(&mut c)
+    .await
+    .unwrap_or(0);
+    let _ = c.close().await;
+    held > 0
 }
 
 #[cfg(test)]

@@ -359,6 +359,7 @@ fn header(out: &mut String, r: &Report) {
          <dt>settle</dt><dd>{} s</dd>\
          <dt>intents</dt><dd>{}</dd>\
          <dt>acknowledged</dt><dd>{} ({})</dd>\
+         <dt>answered</dt><dd>{} ({})</dd>\
          <dt>attempts</dt><dd>{}</dd></dl></header>",
         r.services,
         r.gateways,
@@ -368,6 +369,8 @@ fn header(out: &mut String, r: &Report) {
         r.intents,
         r.acknowledged,
         percent(r.acknowledged_ratio),
+        r.answered,
+        percent(r.answered_ratio),
         r.attempts
     );
 }
@@ -557,6 +560,8 @@ mod tests {
             intents: 0,
             acknowledged: 0,
             acknowledged_ratio: f64::NAN,
+            answered: 0,
+            answered_ratio: f64::NAN,
             attempts: 0,
             faults_by_kind: BTreeMap::new(),
             faults: Vec::new(),

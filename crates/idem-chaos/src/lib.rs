@@ -89,7 +89,12 @@ pub async fn run(options: ChaosOptions) -> Result<(Report, PathBuf), ChaosError>
         _ = interrupted() => Err(ChaosError::Interrupted),
     };
     topo.teardown().await;
-    if matches!(&result, Ok(r) if r.passed) {
+    // Logs stay for a failed campaign (and a control that found nothing).
+    let expected = |r: &Report| match r.control {
+        None => r.passed,
+        Some(_) => r.anomalies_by_invariant.get("I2").copied().unwrap_or(0) > 0,
+    };
+    if matches!(&result, Ok(r) if expected(r)) {
         let _ = std::fs::remove_dir_all(&dir);
     }
     result.map(|r| (r, dir))
@@ -167,7 +172,7 @@ async fn campaign(topo: &mut topology::Topology, o: &ChaosOptions) -> Result<Rep
     if let Some(path) = &o.workload_log {
         write_log(path, &log)?;
     }
-    let (invariants, anomalies) = check::check(&log, &ledgers, &events);
+    let (invariants, anomalies) = check::check(&log, &ledgers, &events, o.control_legacy);
     let mut report = report(
         o, topo, &log, ledgers, events, invariants, anomalies, active, settle,
     );
@@ -191,6 +196,14 @@ fn report(
 ) -> Report {
     let intents = log.len() as u64;
     let acknowledged = log.iter().filter(|i| i.acknowledged).count() as u64;
+    let answered = log.iter().filter(|i| check::answered(i)).count() as u64;
+    let ratio = |n: u64| {
+        if intents == 0 {
+            0.0
+        } else {
+            n as f64 / intents as f64
+        }
+    };
     let mut faults_by_kind = BTreeMap::new();
     for k in &o.faults {
         faults_by_kind.insert(k.as_str().to_string(), 0);
@@ -236,6 +249,14 @@ fn report(
         .map(|n| n.restarts)
         .sum();
     observed.insert("process_restarts".into(), u64::from(restarts));
+    // A child exiting on its own under faults is a defect to look into (logs are kept).
+    let crashes: u32 = topo
+        .services
+        .iter()
+        .chain(topo.gateways.iter())
+        .map(|n| n.crashes)
+        .sum();
+    observed.insert("unexpected_exits".into(), u64::from(crashes));
     let faulted: u64 = topo
         .to_service
         .iter()
@@ -255,11 +276,9 @@ fn report(
         settle_ms: settle.as_millis() as u64,
         intents,
         acknowledged,
-        acknowledged_ratio: if intents == 0 {
-            0.0
-        } else {
-            acknowledged as f64 / intents as f64
-        },
+        acknowledged_ratio: ratio(acknowledged),
+        answered,
+        answered_ratio: ratio(answered),
         attempts,
         faults_by_kind,
         faults,

@@ -65,9 +65,13 @@ pub struct Report {
     pub duration_ms: u64,
     pub settle_ms: u64,
     pub intents: u64,
+    /// Intents a 2xx acknowledged.
     pub acknowledged: u64,
     /// acknowledged / intents.
     pub acknowledged_ratio: f64,
+    /// Acknowledged, plus the refused halves of the pay/cancel races (I8 counts these).
+    pub answered: u64,
+    pub answered_ratio: f64,
     pub attempts: u64,
     pub faults_by_kind: BTreeMap<String, u64>,
     pub faults: Vec<FaultEvent>,

@@ -9,6 +9,7 @@
 //! workload's and the checker's business.
 
 use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -45,6 +46,8 @@ pub struct Node {
     log: PathBuf,
     child: Option<Child>,
     pub restarts: u32,
+    /// Exits nobody asked for (not a SIGKILL of the campaign's).
+    pub crashes: u32,
 }
 
 impl Node {
@@ -52,8 +55,18 @@ impl Node {
         self.child.as_ref().and_then(|c| c.id())
     }
 
-    pub fn running(&self) -> bool {
-        self.child.is_some()
+    /// Whether the child is still there; one that exited on its own is reaped and
+    /// counted in `crashes`.
+    pub fn alive(&mut self) -> bool {
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(None)) => true,
+            Some(_) => {
+                self.child = None;
+                self.crashes += 1;
+                false
+            }
+            None => false,
+        }
     }
 
     async fn spawn(&mut self, bin: &Path) -> Result<(), ChaosError> {
@@ -193,6 +206,18 @@ fn socket_of(url: &Url) -> Result<SocketAddr, ChaosError> {
         .ok_or_else(|| ChaosError::Setup(format!("{host}:{port} resolves to nothing")))
 }
 
+/// Points `url` at the proxy `addr`; a URL that cannot (a Unix socket) would bypass it.
+fn via(url: &mut Url, addr: SocketAddr) -> Result<(), ChaosError> {
+    url.set_ip_host(addr.ip())
+        .and_then(|()| url.set_port(Some(addr.port())))
+        .map_err(|()| {
+            ChaosError::Setup(format!(
+                "{} cannot be routed through the fault proxy (a TCP host:port is needed)",
+                url.scheme()
+            ))
+        })
+}
+
 fn parse_url(url: &str, what: &str) -> Result<Url, ChaosError> {
     Url::parse(url).map_err(|e| ChaosError::Setup(format!("{what} URL: {e}")))
 }
@@ -204,7 +229,12 @@ impl Topology {
     pub async fn create(bin: PathBuf, servers: &Servers) -> Result<Topology, ChaosError> {
         let run = uuid::Uuid::now_v7().simple().to_string()[20..].to_string();
         let dir = std::env::temp_dir().join(format!("idem-chaos-{run}"));
-        std::fs::create_dir_all(&dir).map_err(|e| ChaosError::Setup(e.to_string()))?;
+        // Logs and the gateways' configs name servers: readable by this user only.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| ChaosError::Setup(format!("{}: {e}", dir.display())))?;
 
         let admin = parse_url(&servers.database_url, "database")?;
         if !matches!(admin.scheme(), "postgres" | "postgresql") {
@@ -212,6 +242,11 @@ impl Topology {
                 "--database-url must be a PostgreSQL URL (the campaign creates a database of its own on that server)".into(),
             ));
         }
+        let redis = parse_url(&servers.redis_url, "Redis")?;
+        let redis_addr = socket_of(&redis)?;
+        let to_redis = FaultProxy::start("gateways→redis", redis_addr)
+            .await
+            .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
         let db_name = format!("idem_chaos_{run}");
         let mut db = admin.clone();
         db.set_path(&format!("/{db_name}"));
@@ -224,11 +259,6 @@ impl Topology {
             .map_err(|e| ChaosError::Setup(format!("create database {db_name}: {e}")))?;
         let _ = admin_conn.close().await;
 
-        let redis = parse_url(&servers.redis_url, "Redis")?;
-        let redis_addr = socket_of(&redis)?;
-        let to_redis = FaultProxy::start("gateways→redis", redis_addr)
-            .await
-            .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
         let topo = Topology {
             bin,
             run: run.clone(),
@@ -270,14 +300,20 @@ impl Topology {
                 .await
                 .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
             let mut url = parse_url(&self.db_url, "database")?;
-            let _ = url.set_ip_host(pg_proxy.addr().ip());
-            let _ = url.set_port(Some(pg_proxy.addr().port()));
+            via(&mut url, pg_proxy.addr())?;
             let port = free_port()?;
             let listen = SocketAddr::from(([127, 0, 0, 1], port));
+            // Server URLs may carry credentials: they go by environment, not argv.
+            let mut env = vec![
+                ("IDEM_DATABASE_URL".to_string(), url.to_string()),
+                (
+                    "IDEM_API_KEYS".into(),
+                    format!("{}={}", self.tenant, self.api_key),
+                ),
+                ("IDEM_ADMIN_TOKEN".into(), self.admin_token.clone()),
+            ];
             let mut args = vec![
-                "--database-url".to_string(),
-                url.to_string(),
-                "serve".into(),
+                "serve".to_string(),
                 "--listen".into(),
                 listen.to_string(),
                 "--sweep-every".into(),
@@ -299,9 +335,8 @@ impl Topology {
                 args.push("--legacy-route".into());
             }
             if let Some(nats) = &self.nats_url {
+                env.push(("IDEM_NATS_URL".into(), nats.clone()));
                 args.extend([
-                    "--nats-url".into(),
-                    nats.clone(),
                     "--nats-stream".into(),
                     self.nats_stream.clone(),
                     "--nats-subject-prefix".into(),
@@ -315,17 +350,12 @@ impl Topology {
             let mut node = Node {
                 name: format!("serve-{i}"),
                 args,
-                env: vec![
-                    (
-                        "IDEM_API_KEYS".into(),
-                        format!("{}={}", self.tenant, self.api_key),
-                    ),
-                    ("IDEM_ADMIN_TOKEN".into(), self.admin_token.clone()),
-                ],
+                env,
                 health: format!("http://{listen}/healthz"),
                 log: self.dir.join(format!("serve-{i}.log")),
                 child: None,
                 restarts: 0,
+                crashes: 0,
             };
             node.start(&self.bin, &self.http).await?;
             let to_service = FaultProxy::start(&format!("gateway→serve-{i}"), listen)
@@ -336,8 +366,7 @@ impl Topology {
             self.to_service.push(to_service);
         }
         let mut redis_via_proxy = redis.clone();
-        let _ = redis_via_proxy.set_ip_host(self.to_redis.addr().ip());
-        let _ = redis_via_proxy.set_port(Some(self.to_redis.addr().port()));
+        via(&mut redis_via_proxy, self.to_redis.addr())?;
         for j in 0..gateways {
             let port = free_port()?;
             let upstream = self.to_service[j % self.to_service.len()].addr();
@@ -374,6 +403,7 @@ impl Topology {
                 log: self.dir.join(format!("gateway-{j}.log")),
                 child: None,
                 restarts: 0,
+                crashes: 0,
             };
             node.start(&self.bin, &self.http).await?;
             self.gateways.push(node);
@@ -460,7 +490,7 @@ impl Topology {
         }
         for node in self.services.iter_mut().chain(self.gateways.iter_mut()) {
             node.signal(libc::SIGCONT);
-            if !node.running() {
+            if !node.alive() {
                 node.restarts += 1;
                 node.start(&self.bin, &self.http).await?;
             }
@@ -468,26 +498,48 @@ impl Topology {
         Ok(())
     }
 
-    /// Kills every child and removes the database, the stream and the Redis keys.
+    /// Kills every child and removes the database, the stream and the Redis keys. Each
+    /// server gets a bounded time: an unreachable one is reported, not waited for.
     pub async fn teardown(&mut self) {
+        const BOUND: Duration = Duration::from_secs(10);
         for node in self.services.iter_mut().chain(self.gateways.iter_mut()) {
             node.signal(libc::SIGCONT);
             node.kill().await;
         }
-        if let Ok(mut c) = sqlx::PgConnection::connect(&self.admin_url).await {
+        let drop_db = async {
+            let mut c = sqlx::PgConnection::connect(&self.admin_url).await?;
             let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db_name);
-            if let Err(e) = sqlx::query(&drop).execute(&mut c).await {
-                tracing::warn!(database = %self.db_name, "could not drop: {e}");
-            }
-            let _ = c.close().await;
+            sqlx::query(&drop).execute(&mut c).await?;
+            c.close().await
+        };
+        match tokio::time::timeout(BOUND, drop_db).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(database = %self.db_name, "could not drop: {e}"),
+            Err(_) => tracing::warn!(database = %self.db_name, "could not drop: timed out"),
         }
-        if let Err(e) = crate::faults::delete_prefix(&self.redis_url, &self.redis_prefix).await {
-            tracing::warn!(prefix = %self.redis_prefix, "could not delete Redis keys: {e}");
+        let keys = crate::faults::delete_prefix(&self.redis_url, &self.redis_prefix);
+        match tokio::time::timeout(BOUND, keys).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(prefix = %self.redis_prefix, "could not delete Redis keys: {e}")
+            }
+            Err(_) => {
+                tracing::warn!(prefix = %self.redis_prefix, "could not delete Redis keys: timed out")
+            }
         }
         if let Some(nats) = &self.nats_url {
-            if let Ok(client) = async_nats::connect(nats).await {
+            let stream = async {
+                let client = async_nats::connect(nats).await.map_err(|e| e.to_string())?;
                 let js = async_nats::jetstream::new(client);
-                let _ = js.delete_stream(&self.nats_stream).await;
+                js.delete_stream(&self.nats_stream)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            };
+            match tokio::time::timeout(BOUND, stream).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(stream = %self.nats_stream, "could not delete: {e}"),
+                Err(_) => tracing::warn!(stream = %self.nats_stream, "could not delete: timed out"),
             }
         }
     }

@@ -64,6 +64,9 @@ pub struct IntentLog {
     pub order_id: Option<String>,
     /// Two sends started at once (a double click).
     pub double_click: bool,
+    /// Sent at the same time as the opposite command on the same order (pay against
+    /// cancel): one of the two is refused by design.
+    pub race: bool,
     pub sends: Vec<SendLog>,
     /// Some send ended 2xx.
     pub acknowledged: bool,
@@ -94,6 +97,18 @@ pub struct Workload {
     /// In-flight intents give up at this campaign time.
     pub deadline: Arc<Mutex<Duration>>,
     pub log: Arc<Mutex<Vec<IntentLog>>>,
+}
+
+/// Who sends an intent and how.
+struct Meta {
+    id: String,
+    user: String,
+    show: String,
+    quantity: i64,
+    order: Option<String>,
+    double: bool,
+    gateway: usize,
+    race: bool,
 }
 
 struct Spec {
@@ -148,9 +163,19 @@ impl Workload {
         let mut n = 0u64;
         while !self.stop.load(Ordering::Relaxed) {
             n += 1;
-            let id = format!("i-{v}-{n}");
+            // Every choice of the round is drawn first, so the sequence of choices does
+            // not depend on how the faults landed.
             let show = SHOWS[rng.random_range(0..SHOWS.len())];
             let quantity = rng.random_range(1..=3);
+            let double = [rng.random_bool(0.2), rng.random_bool(0.2)];
+            let gateway = [
+                rng.random_range(0..self.gateways.len()),
+                rng.random_range(0..self.gateways.len()),
+            ];
+            let next = rng.random_range(0..100);
+            let think = Duration::from_millis(rng.random_range(0..60));
+
+            let id = format!("i-{v}-{n}");
             let create = Spec {
                 kind: IntentKind::Create,
                 path: if self.legacy {
@@ -162,71 +187,73 @@ impl Workload {
                 body: json!({"user_id": user, "show_id": show, "quantity": quantity,
                              "client_session": id}),
             };
-            let double = rng.random_bool(0.2);
-            let gateway = rng.random_range(0..self.gateways.len());
-            let created = self
-                .intent(
-                    &client, &create, &id, &user, show, quantity, None, double, gateway,
-                )
-                .await;
-            let Some(order) = created else {
-                continue;
-            };
-            let next = rng.random_range(0..100);
-            let (kind, verb) = match next {
-                0..60 => (IntentKind::Pay, "pay"),
-                60..85 => (IntentKind::Cancel, "cancel"),
-                _ => continue,
-            };
-            let spec = Spec {
-                kind,
-                path: format!("/v1/orders/{order}/{verb}"),
-                key: format!("{verb}-{order}"),
-                body: json!({}),
-            };
-            let double = rng.random_bool(0.2);
-            let gateway = rng.random_range(0..self.gateways.len());
-            self.intent(
-                &client,
-                &spec,
-                &format!("{id}-{verb}"),
-                &user,
-                show,
+            let meta = |id: String, order: Option<String>, k: usize, race: bool| Meta {
+                id,
+                user: user.clone(),
+                show: show.to_string(),
                 quantity,
-                Some(order),
-                double,
-                gateway,
-            )
-            .await;
+                order,
+                double: double[k] && !race,
+                gateway: gateway[k],
+                race,
+            };
+            let created = self
+                .intent(&client, &create, meta(id.clone(), None, 0, false))
+                .await;
+            if let Some(order) = created {
+                let follow = |verb: &str| Spec {
+                    kind: if verb == "pay" {
+                        IntentKind::Pay
+                    } else {
+                        IntentKind::Cancel
+                    },
+                    path: format!("/v1/orders/{order}/{verb}"),
+                    key: format!("{verb}-{order}"),
+                    body: json!({}),
+                };
+                match next {
+                    0..57 => {
+                        let m = meta(format!("{id}-pay"), Some(order.clone()), 1, false);
+                        self.intent(&client, &follow("pay"), m).await;
+                    }
+                    57..82 => {
+                        let m = meta(format!("{id}-cancel"), Some(order.clone()), 1, false);
+                        self.intent(&client, &follow("cancel"), m).await;
+                    }
+                    // Pay and cancel at once: the order's lease lets one win, the other
+                    // is refused for good.
+                    82..87 => {
+                        let pay = meta(format!("{id}-pay"), Some(order.clone()), 0, true);
+                        let cancel = meta(format!("{id}-cancel"), Some(order.clone()), 1, true);
+                        let (p, c) = (follow("pay"), follow("cancel"));
+                        tokio::join!(
+                            self.intent(&client, &p, pay),
+                            self.intent(&client, &c, cancel)
+                        );
+                    }
+                    _ => {}
+                }
+            }
             // Think time: keeps the load per user moderate and varied.
-            tokio::time::sleep(Duration::from_millis(rng.random_range(0..60))).await;
+            tokio::time::sleep(think).await;
         }
     }
 
     /// Sends one intent until acknowledged, refused or past the deadline; logs it and
     /// returns the order id a 2xx named.
-    #[allow(clippy::too_many_arguments)]
-    async fn intent(
-        &self,
-        client: &IdempotentClient,
-        spec: &Spec,
-        id: &str,
-        user: &str,
-        show: &str,
-        quantity: i64,
-        order: Option<String>,
-        double: bool,
-        gateway: usize,
-    ) -> Option<String> {
+    async fn intent(&self, client: &IdempotentClient, spec: &Spec, m: Meta) -> Option<String> {
+        let double = m.double;
+        let gateway = m.gateway % self.gateways.len();
         let mut log = IntentLog {
-            id: id.to_string(),
+            id: m.id,
             kind: spec.kind,
             key: spec.key.clone(),
-            user: user.to_string(),
-            show: show.to_string(),
-            quantity,
-            order_id: order,
-            double_click: double,
+            user: m.user,
+            show: m.show,
+            quantity: m.quantity,
+            order_id: m.order,
+            double_click: m.double,
+            race: m.race,
             sends: Vec::new(),
             acknowledged: false,
             refused: None,

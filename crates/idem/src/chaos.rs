@@ -121,7 +121,7 @@ pub async fn run(database_url: Option<String>, args: ChaosArgs) -> Result<ExitCo
     } else {
         print_human(&report);
     }
-    if !report.passed && report.control.is_none() {
+    if logs.exists() {
         eprintln!("process logs kept in {}", logs.display());
     }
     Ok(exit_code(&report))
@@ -154,10 +154,12 @@ fn print_human(r: &Report) {
         if r.passed { "PASSED" } else { "FAILED" }
     );
     println!(
-        "  {} intents, {} acknowledged ({:.1} %), {} attempts; active {:.1} s, settle {:.1} s",
+        "  {} intents, {} acknowledged ({:.1} %), {} answered ({:.1} %), {} attempts; active {:.1} s, settle {:.1} s",
         r.intents,
         r.acknowledged,
         r.acknowledged_ratio * 100.0,
+        r.answered,
+        r.answered_ratio * 100.0,
         r.attempts,
         r.duration_ms as f64 / 1e3,
         r.settle_ms as f64 / 1e3

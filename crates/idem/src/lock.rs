@@ -16,6 +16,18 @@ use crate::keys::rfc3339;
 
 /// Parses `500ms`, `3s`, `2m`, `1h` (a bare number is seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_any_duration(s)
+}
+
+/// A duration that must not be zero (leases, timeouts that would expire at once).
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_any_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?}: must be more than zero")),
+        d => Ok(d),
+    }
+}
+
+fn parse_any_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -31,10 +43,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
     };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("invalid duration {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"))
 }
 
 #[derive(Serialize)]

@@ -119,7 +119,7 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         admin_token_file: Option<std::path::PathBuf>,
         /// Relay the outbox to NATS JetStream instead of in process.
-        #[arg(long)]
+        #[arg(long, env = "IDEM_NATS_URL", hide_env_values = true)]
         nats_url: Option<String>,
         /// How often the retention sweeper runs beside the server (0s: never).
         #[arg(long, value_parser = lock::parse_duration, default_value = "5m")]

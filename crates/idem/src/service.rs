@@ -48,20 +48,20 @@ pub struct ServeArgs {
 pub struct ServeTuning {
     /// How long a claim holds a key PROCESSING before another arrival may take it over;
     /// renewed every third of it while the handler runs.
-    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "60s")]
+    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "60s")]
     pub claim_lease: Duration,
     /// How long a duplicate waits for the request holding its key before 409.
-    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "10s")]
     pub in_progress_wait: Duration,
     /// TTL of the service's per-order and per-show leases (renewed while held): how long a
     /// crashed holder blocks pay, cancel and stock release of its order or show.
-    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "30s")]
     pub lease_ttl: Duration,
     /// How long a request waits for a per-order lease another request holds before 409.
     #[arg(long, value_parser = crate::lock::parse_duration, default_value = "10s")]
     pub lease_wait: Duration,
     /// How long the sweeper's lease lasts before another server's sweeper may take over.
-    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "30s")]
     pub sweep_lease: Duration,
     /// Also serve `POST /v1/legacy/orders`: the keyless create that mints an order per
     /// arrival (for demonstrations and controls only).
@@ -77,7 +77,7 @@ pub struct ServeTuning {
     #[arg(long, default_value = "idem-orders", requires = "nats_url")]
     pub nats_durable_prefix: String,
     /// Redelivery of a message whose consumer never acked it.
-    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "30s", requires = "nats_url")]
+    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "30s", requires = "nats_url")]
     pub nats_ack_wait: Duration,
 }
 

@@ -87,7 +87,13 @@ fn a_campaign_with_every_fault_finds_nothing_and_the_control_finds_duplicates() 
             stderr.contains(&format!("seed {seed}")),
             "the seed is printed: {stderr}"
         );
-        assert_eq!(r["anomalies"], serde_json::json!([]), "seed {seed}: {r:#}");
+        assert_eq!(
+            r["anomalies"],
+            serde_json::json!([]),
+            "seed {seed}: anomalies; faults {:#}; observed {:#}",
+            r["faults"],
+            r["observed"]
+        );
         assert_eq!(r["passed"], true);
         assert_eq!(code, Some(0), "seed {seed}: {stderr}");
         for kind in ["kill", "stop", "gateway", "db-conn", "redis", "bus", "net"] {
@@ -98,6 +104,8 @@ fn a_campaign_with_every_fault_finds_nothing_and_the_control_finds_duplicates() 
             );
         }
         assert!(r["acknowledged_ratio"].as_f64().unwrap() >= 0.95, "{r:#}");
+        assert!(r["answered_ratio"].as_f64().unwrap() >= 0.95, "{r:#}");
+        assert_eq!(r["observed"]["unexpected_exits"], 0, "{:#}", r["observed"]);
         assert!(
             r["intents"].as_u64().unwrap() > 100,
             "a real load: {}",
