@@ -444,11 +444,17 @@ pub fn check(
                         .get(target)
                         .is_some_and(|o| statuses_of(o).contains(wanted));
                     if became {
+                        let why = i
+                            .sends
+                            .iter()
+                            .rev()
+                            .find_map(|s| s.error.clone())
+                            .unwrap_or_default();
                         f.add(
                             "I1",
                             Some(i),
                             vec![target.into()],
-                            format!("refused, yet the order became {wanted}"),
+                            format!("refused, yet the order became {wanted}: {why}"),
                         );
                     }
                 }

@@ -227,15 +227,24 @@ impl Injector<'_> {
                 } else {
                     0
                 };
+                if p.kind == FaultKind::Kill {
+                    // Answers written in the last 300 ms never reach a client: requests
+                    // that committed die with the process before their response lands.
+                    topo.to_service[i].set(Mode::DropResponse);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
                 let node = &mut topo.services[i];
                 node.kill().await;
+                topo.to_service[i].set(Mode::Pass);
                 tokio::time::sleep(Duration::from_millis(400 + (p.variant % 600) as u64)).await;
                 node.restarts += 1;
                 node.start(&topo.bin, &topo.http).await?;
                 let detail = if p.kind == FaultKind::Bus {
                     format!("SIGKILL with {pending} order(s) in the chain, restarted")
                 } else {
-                    "SIGKILL mid-load, restarted".to_string()
+                    "SIGKILL mid-load after 300 ms of committed work whose answers were lost, \
+                     restarted"
+                        .to_string()
                 };
                 Ok((node.name.clone(), detail))
             }

@@ -61,6 +61,8 @@ pub struct ChaosOptions {
     pub progress: bool,
     /// Write every intent and every answer its sends got here, one JSON object per line.
     pub workload_log: Option<PathBuf>,
+    /// Keep the campaign's database when an anomaly was found, for investigation.
+    pub keep_database: bool,
 }
 
 /// How long intents still in flight may keep retrying once the faults stop, and how
@@ -88,7 +90,11 @@ pub async fn run(options: ChaosOptions) -> Result<(Report, PathBuf), ChaosError>
         } => r,
         _ = interrupted() => Err(ChaosError::Interrupted),
     };
-    topo.teardown().await;
+    let keep = options.keep_database && matches!(&result, Ok(r) if !r.passed);
+    if keep {
+        eprintln!("idem chaos: database {} kept for investigation", topo.db_name);
+    }
+    topo.teardown(keep).await;
     // Logs stay for a failed campaign (and a control that found nothing).
     let expected = |r: &Report| match r.control {
         None => r.passed,

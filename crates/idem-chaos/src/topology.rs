@@ -437,10 +437,11 @@ impl Topology {
     /// (a restarted service starts from zero): consumer runs by result, the layer's
     /// decisions and executions by outcome.
     pub async fn scrape_metrics(&self) -> std::collections::BTreeMap<String, u64> {
-        const WANTED: [&str; 3] = [
+        const WANTED: [&str; 4] = [
             "idem_orders_deliveries_total",
             "idem_http_requests_total",
             "idem_http_executions_total",
+            "idem_http_finish_errors_total",
         ];
         let mut sums = std::collections::BTreeMap::new();
         for node in &self.services {
@@ -498,9 +499,9 @@ impl Topology {
         Ok(())
     }
 
-    /// Kills every child and removes the database, the stream and the Redis keys. Each
+    /// Kills every child and removes the database (unless kept), the stream and the Redis keys. Each
     /// server gets a bounded time: an unreachable one is reported, not waited for.
-    pub async fn teardown(&mut self) {
+    pub async fn teardown(&mut self, keep_database: bool) {
         const BOUND: Duration = Duration::from_secs(10);
         for node in self.services.iter_mut().chain(self.gateways.iter_mut()) {
             node.signal(libc::SIGCONT);
@@ -512,7 +513,13 @@ impl Topology {
             sqlx::query(&drop).execute(&mut c).await?;
             c.close().await
         };
-        match tokio::time::timeout(BOUND, drop_db).await {
+        let dropped = async {
+            if keep_database {
+                return Ok(());
+            }
+            drop_db.await
+        };
+        match tokio::time::timeout(BOUND, dropped).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(database = %self.db_name, "could not drop: {e}"),
             Err(_) => tracing::warn!(database = %self.db_name, "could not drop: timed out"),

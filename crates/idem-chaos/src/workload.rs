@@ -326,6 +326,10 @@ impl Workload {
                     log.order_id = v["order_id"].as_str().map(str::to_string);
                     log.order_status = v["status"].as_str().map(str::to_string);
                 }
+                if !r.status.is_success() {
+                    // The problem document says why: kept for the anomaly's story.
+                    log.error = Some(r.text().chars().take(300).collect());
+                }
             }
             Err(ClientError::Rejected { response, .. }) => {
                 log.attempts = response.attempts;

@@ -49,6 +49,9 @@ pub struct ChaosArgs {
     /// Write every intent and the answers its sends got to FILE (JSON lines).
     #[arg(long, value_name = "FILE")]
     workload_log: Option<PathBuf>,
+    /// Keep the campaign's database when an anomaly is found (its name is printed).
+    #[arg(long)]
+    keep_database: bool,
 }
 
 fn err(e: ChaosError) -> StoreError {
@@ -102,6 +105,7 @@ pub async fn run(database_url: Option<String>, args: ChaosArgs) -> Result<ExitCo
         control_legacy: args.control.is_some(),
         progress: !args.json,
         workload_log: args.workload_log.clone(),
+        keep_database: args.keep_database,
     };
     let (report, logs) = match idem_chaos::run(options).await {
         Ok(done) => done,
