@@ -578,6 +578,15 @@ pub fn check(
             );
         }
         let r = refunds.get(o.id.as_str()).copied().unwrap_or(0);
+        // A charge the customer got nothing for: the order was cancelled, not refunded.
+        if o.status == "cancelled" && c.len() > r {
+            f.add(
+                "I3",
+                None,
+                vec![o.id.clone()],
+                format!("cancelled with {} charge(s) and {r} refund(s)", c.len()),
+            );
+        }
         if r > c.len() {
             f.add(
                 "I3",
@@ -1117,5 +1126,30 @@ mod tests {
         let (log, mut l) = clean();
         l.repeated_transitions.push(("o1".into(), "pay".into(), 2));
         assert_eq!(found(&log, &l), ["I5"]);
+    }
+
+    #[test]
+    fn a_cancelled_order_that_kept_its_charge_breaks_i3() {
+        let (log, mut l) = clean();
+        l.orders[0].status = "cancelled".into();
+        l.passed_through.insert(
+            "o1".into(),
+            ["pending_payment".to_string(), "cancelled".to_string()].into(),
+        );
+        l.holds[0].status = "released".into();
+        l.holds[0].token = Some(1);
+        l.holds[0].released_at = Some(1);
+        l.holds[0].owner = Some("w".into());
+        l.lease_grants.push(("inventory:t:S".into(), 1, "w".into()));
+        l.processed
+            .insert(("inventory-releaser".into(), "release:o1".into()));
+        l.stock[0].2 = 10;
+        assert_eq!(found(&log, &l), Vec::<String>::new());
+        l.payments
+            .push(("p1".into(), "o1".into(), "charge".into(), 100));
+        assert_eq!(found(&log, &l), ["I3"]);
+        l.payments
+            .push(("r1".into(), "o1".into(), "refund".into(), 100));
+        assert_eq!(found(&log, &l), Vec::<String>::new());
     }
 }

@@ -92,7 +92,10 @@ pub async fn run(options: ChaosOptions) -> Result<(Report, PathBuf), ChaosError>
     };
     let keep = options.keep_database && matches!(&result, Ok(r) if !r.passed);
     if keep {
-        eprintln!("idem chaos: database {} kept for investigation", topo.db_name);
+        eprintln!(
+            "idem chaos: database {} kept for investigation",
+            topo.db_name
+        );
     }
     topo.teardown(keep).await;
     // Logs stay for a failed campaign (and a control that found nothing).

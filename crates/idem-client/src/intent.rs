@@ -278,13 +278,15 @@ impl Intent {
 /// (every later attempt gets it again), or a 409 that says what conflicted (sold out, an
 /// illegal transition) rather than "a request with this key is in progress".
 fn is_final(response: &IdempotentResponse) -> bool {
-    if response.replayed {
-        return true;
+    let problem = response.problem();
+    let in_progress = problem
+        .as_ref()
+        .is_some_and(|p| p.type_uri == idem_core::ProblemKind::RequestInProgress.type_uri());
+    // "In progress" is never an answer, whatever else the response says.
+    if in_progress {
+        return false;
     }
-    response.status == reqwest::StatusCode::CONFLICT
-        && response
-            .problem()
-            .is_some_and(|p| p.type_uri != idem_core::ProblemKind::RequestInProgress.type_uri())
+    response.replayed || (response.status == reqwest::StatusCode::CONFLICT && problem.is_some())
 }
 
 /// reqwest's Display shows only the outermost error; the cause is what tells a reset

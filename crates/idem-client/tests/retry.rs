@@ -188,10 +188,11 @@ async fn a_conflict_that_names_its_cause_or_a_replay_is_the_answer() {
     assert_eq!((response.status.as_u16(), response.attempts), (409, 1));
     assert_eq!(script.keys().len(), 1);
 
-    // A replayed 409 is the key's stored answer, whatever its type.
+    // A replayed 409 is the key's stored answer.
     let (url, script) = server(vec![
         Step {
             replayed: true,
+            business: true,
             ..step(409)
         },
         step(201),
@@ -201,7 +202,20 @@ async fn a_conflict_that_names_its_cause_or_a_replay_is_the_answer() {
     assert_eq!((response.status.as_u16(), response.replayed), (409, true));
     assert_eq!(script.keys().len(), 1);
 
-    // "In progress" is retried with the same key.
+    // "In progress" is retried with the same key, even marked as a replay.
+    let (url, script) = server(vec![
+        Step {
+            replayed: true,
+            business: false,
+            ..step(409)
+        },
+        step(201),
+    ])
+    .await;
+    let response = client(fast()).post(&url).send().await.unwrap();
+    assert_eq!((response.status.as_u16(), response.attempts), (201, 2));
+    assert_eq!(script.keys().len(), 2);
+
     let (url, script) = server(vec![step(409), step(201)]).await;
     let response = client(fast()).post(&url).send().await.unwrap();
     assert_eq!((response.status.as_u16(), response.attempts), (201, 2));

@@ -114,14 +114,24 @@ fn respond(ctx: &Ctx, outcome: &Outcome, follower: bool) -> Response<Body> {
     match outcome {
         Outcome::Response { captured, replayed } => {
             let mut r = captured.to_response();
+            // Found by `idem chaos`: a follower used to get an upstream "in progress" 409
+            // marked as a replay, and a client took that for the key's final answer.
+            let retryable = matches!(
+                ctx.config
+                    .outcome_policy
+                    .classify(idem_core::Outcome::Status(captured.status.as_u16())),
+                idem_core::RecordState::FailedRetryable
+            );
             if *replayed || follower {
                 // Another caller's request executed (or a stored copy answers): what
                 // belonged to that one exchange stays with it.
                 for h in &ctx.per_caller {
                     r.headers_mut().remove(h);
                 }
-                r.headers_mut()
-                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                if !retryable {
+                    r.headers_mut()
+                        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+                }
             }
             r
         }

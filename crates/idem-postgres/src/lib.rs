@@ -70,6 +70,13 @@ pub struct PgOptions {
     pub acquire_timeout: Duration,
     /// `application_name` of the store's sessions (visible in `pg_stat_activity`).
     pub application_name: String,
+    /// `lock_timeout` of the store's sessions: a statement waiting longer for a row lock
+    /// fails instead of queueing behind a stalled holder. `None`: the server's setting.
+    pub lock_timeout: Option<Duration>,
+    /// `idle_in_transaction_session_timeout`: the server ends a session whose client
+    /// left a transaction open this long (a paused or wedged process), releasing its
+    /// locks. `None`: the server's setting.
+    pub idle_in_transaction_timeout: Option<Duration>,
     /// How a claim reaches the database. Off (the default): one statement inserts a
     /// fresh record or returns the existing one, so fresh keys, replays, in-progress and
     /// mismatch answers all cost one round trip. On: a plain `INSERT … ON CONFLICT DO
@@ -93,6 +100,8 @@ impl Default for PgOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(5),
             application_name: "idem".to_string(),
+            lock_timeout: None,
+            idle_in_transaction_timeout: None,
             fresh_fast_path: false,
             recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
         }
@@ -171,8 +180,21 @@ impl PgStore {
         let mut connect = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::InvalidInput(format!("postgres url: {e}")))?
             .application_name(&options.application_name);
+        let mut settings: Vec<(&str, String)> = Vec::new();
         if let Some(s) = &options.schema {
-            connect = connect.options([("search_path", s.as_str())]);
+            settings.push(("search_path", s.clone()));
+        }
+        if let Some(t) = options.lock_timeout {
+            settings.push(("lock_timeout", format!("{}ms", t.as_millis().max(1))));
+        }
+        if let Some(t) = options.idle_in_transaction_timeout {
+            settings.push((
+                "idle_in_transaction_session_timeout",
+                format!("{}ms", t.as_millis().max(1)),
+            ));
+        }
+        if !settings.is_empty() {
+            connect = connect.options(settings.iter().map(|(k, v)| (*k, v.as_str())));
         }
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))

@@ -103,6 +103,10 @@ pub struct OpenOptions {
     pub pg_max_connections: Option<u32>,
     /// PostgreSQL `application_name`; `None`: the store's default.
     pub pg_application_name: Option<String>,
+    /// PostgreSQL `lock_timeout` and `idle_in_transaction_session_timeout` of the
+    /// sessions; `None`: the server's settings.
+    pub pg_lock_timeout: Option<std::time::Duration>,
+    pub pg_idle_in_transaction_timeout: Option<std::time::Duration>,
     /// Redis key prefix; `None`: the store's default.
     pub redis_prefix: Option<String>,
     /// Shift of the store clock; tests only.

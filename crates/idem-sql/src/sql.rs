@@ -60,6 +60,8 @@ impl SqlStore {
                 let mut pg = PgOptions {
                     schema: options.pg_schema.clone(),
                     clock: options.clock.clone(),
+                    lock_timeout: options.pg_lock_timeout,
+                    idle_in_transaction_timeout: options.pg_idle_in_transaction_timeout,
                     ..PgOptions::default()
                 };
                 if let Some(n) = options.pg_max_connections {

@@ -31,6 +31,11 @@ use crate::error::Error;
 pub use idem_sql::{redact, DEFAULT_URL};
 pub(crate) use idem_sql::{sql, Sql};
 
+/// The longest a statement of the service waits for a row lock.
+pub const PG_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// A session left idle inside a transaction this long is ended by the server.
+pub const PG_IDLE_IN_TRANSACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How to open a [`Database`].
 #[derive(Debug, Clone, Default)]
 pub struct DatabaseOptions {
@@ -65,6 +70,12 @@ impl Database {
             pg_schema: options.pg_schema,
             pg_max_connections: Some(options.pg_max_connections.unwrap_or(16)),
             pg_application_name: Some("idem-orders".into()),
+            // Found by `idem chaos`: after a pause, transactions queued behind the paused
+            // process's row locks held the whole pool, and the service stayed wedged.
+            // Bounded lock waits fail (and the request is retried) instead; a session
+            // left idle in a transaction is ended by the server.
+            pg_lock_timeout: Some(PG_LOCK_TIMEOUT),
+            pg_idle_in_transaction_timeout: Some(PG_IDLE_IN_TRANSACTION_TIMEOUT),
             clock: options.clock,
             ..OpenOptions::default()
         };
