@@ -656,6 +656,53 @@ async fn unreachable_or_closed_is_unavailable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_behind_a_held_row_lock_is_bounded_when_asked() {
+    let Some(h) = harness().await else { return };
+    let store = h
+        .store_with(PgOptions {
+            lock_timeout: Some(Duration::from_millis(300)),
+            idle_in_transaction_timeout: Some(Duration::from_secs(20)),
+            ..h.options()
+        })
+        .await;
+    let shown: (String, String) = sqlx::query_as(
+        "SELECT current_setting('lock_timeout'), \
+         current_setting('idle_in_transaction_session_timeout')",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(shown, ("300ms".to_string(), "20s".to_string()));
+
+    // A claim waiting behind a transaction that holds its row fails, not hangs.
+    let t = fresh_tenant();
+    let first = store.claim(&request(&t, "k", "p", "o")).await.unwrap();
+    drop(first);
+    let mut holder = h.admin().await;
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM idem_records WHERE tenant_id = $1 FOR UPDATE")
+        .bind(t.as_str())
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let waited = tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::query("UPDATE idem_records SET updated_at = updated_at WHERE tenant_id = $1")
+            .bind(t.as_str())
+            .execute(store.pool()),
+    )
+    .await
+    .expect("bounded by lock_timeout, not by this test");
+    assert!(
+        waited.is_err(),
+        "the update waited behind the lock and failed"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dropping_the_harness_drops_its_schema() {
     let Some(h) = harness().await else { return };
     let schema = h.schema.clone();

@@ -40,6 +40,8 @@ impl PgHarness {
             application_name: self.application_name.clone(),
             fresh_fast_path: false,
             recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
+            lock_timeout: None,
+            idle_in_transaction_timeout: None,
         }
     }
 
