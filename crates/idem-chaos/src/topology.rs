@@ -351,7 +351,7 @@ impl Topology {
                 name: format!("serve-{i}"),
                 args,
                 env,
-                health: format!("http://{listen}/healthz"),
+                health: format!("http://{listen}/readyz"),
                 log: self.dir.join(format!("serve-{i}.log")),
                 child: None,
                 restarts: 0,
@@ -399,7 +399,7 @@ impl Topology {
                     "IDEM_GATEWAY_PRINCIPAL_SECRET".into(),
                     self.principal_secret.clone(),
                 )],
-                health: format!("http://127.0.0.1:{port}/_idem/health"),
+                health: format!("http://127.0.0.1:{port}/_idem/readyz"),
                 log: self.dir.join(format!("gateway-{j}.log")),
                 child: None,
                 restarts: 0,
@@ -413,7 +413,7 @@ impl Topology {
 
     /// Creates `shows` in the campaign's tenant through serve-0's admin API.
     pub async fn create_shows(&self, shows: &[&str], capacity: i64) -> Result<(), ChaosError> {
-        let base = self.services[0].health.trim_end_matches("/healthz");
+        let base = self.services[0].health.trim_end_matches("/readyz");
         for show in shows {
             let r = self
                 .http
@@ -445,7 +445,7 @@ impl Topology {
         ];
         let mut sums = std::collections::BTreeMap::new();
         for node in &self.services {
-            let url = node.health.replace("/healthz", "/metrics");
+            let url = node.health.replace("/readyz", "/metrics");
             let Ok(r) = self
                 .http
                 .get(&url)
@@ -475,7 +475,7 @@ impl Topology {
     pub fn gateway_urls(&self) -> Vec<String> {
         self.gateways
             .iter()
-            .map(|g| g.health.trim_end_matches("/_idem/health").to_string())
+            .map(|g| g.health.trim_end_matches("/_idem/readyz").to_string())
             .collect()
     }
 

@@ -128,6 +128,76 @@ pub const IDEMPOTENT_BODY_OMITTED: HeaderName = HeaderName::from_static("idempot
 
 /// Correlates an answer with the log lines (and the upstream's) of its request.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// W3C trace context (`traceparent`): carried from the caller through the gateway to the
+/// service, so one trace shows the whole request.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+
+/// A parsed `traceparent` (version `00`): `00-{trace id}-{parent id}-{flags}`, lower-case
+/// hex. All-zero ids are invalid, as the W3C recommendation says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    pub trace_id: [u8; 16],
+    pub parent_id: [u8; 8],
+    pub flags: u8,
+}
+
+impl TraceParent {
+    pub fn parse(value: &str) -> Option<TraceParent> {
+        let mut parts = value.trim().split('-');
+        let (version, trace, parent, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        // Version 00 has exactly four fields; ff is forbidden.
+        if version != "00" || parts.next().is_some() {
+            return None;
+        }
+        let lower_hex = |s: &str, len: usize| {
+            s.len() == len
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        if !lower_hex(trace, 32) || !lower_hex(parent, 16) || !lower_hex(flags, 2) {
+            return None;
+        }
+        let mut t = TraceParent {
+            trace_id: [0; 16],
+            parent_id: [0; 8],
+            flags: 0,
+        };
+        hex::decode_to_slice(trace, &mut t.trace_id).ok()?;
+        hex::decode_to_slice(parent, &mut t.parent_id).ok()?;
+        let mut f = [0u8; 1];
+        hex::decode_to_slice(flags, &mut f).ok()?;
+        t.flags = f[0];
+        if t.trace_id == [0; 16] || t.parent_id == [0; 8] {
+            return None;
+        }
+        Some(t)
+    }
+
+    /// The same trace, with `span` as the new parent (the next hop's caller).
+    pub fn child(&self, span: [u8; 8]) -> TraceParent {
+        TraceParent {
+            parent_id: span,
+            ..*self
+        }
+    }
+
+    pub fn trace_id_hex(&self) -> String {
+        hex::encode(self.trace_id)
+    }
+}
+
+impl std::fmt::Display for TraceParent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "00-{}-{}-{:02x}",
+            hex::encode(self.trace_id),
+            hex::encode(self.parent_id),
+            self.flags
+        )
+    }
+}
 
 /// The client's own request id, when it is short and plain enough to log and echo
 /// (1 to 64 of `A-Z a-z 0-9 - _ . :`); otherwise the server makes one.
@@ -248,6 +318,31 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn traceparent_round_trips_and_refuses_what_the_recommendation_forbids() {
+        let v = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let t = TraceParent::parse(v).unwrap();
+        assert_eq!(t.to_string(), v);
+        assert_eq!(t.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let c = t.child([1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(
+            c.to_string(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0102030405060708-01"
+        );
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+        ] {
+            assert!(TraceParent::parse(bad).is_none(), "{bad:?}");
+        }
+    }
+
     use super::*;
     use http::HeaderValue;
 

@@ -275,6 +275,8 @@ async fn serve(
         shutdown,
     )
     .await;
+    ctx.draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("idem gateway shutting down");
     // Connections drain, and so do flights whose callers already hung up (they run
     // in tasks of their own): both within the grace.

@@ -40,6 +40,7 @@ use idem_core::Identity;
 pub const GATEWAY_TOKEN: HeaderName = HeaderName::from_static("x-idem-gateway-token");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+use idem_core::wire::{TraceParent, TRACEPARENT};
 /// Correlates a client's answer with the gateway's log line (and the upstream's).
 pub use idem_http::headers::REQUEST_ID as X_REQUEST_ID;
 
@@ -76,6 +77,8 @@ pub(crate) struct Ctx {
     proxies: TrustedProxies,
     /// Executions under a claim; cut off once the shutdown grace has run out.
     pub executions: Arc<Executions>,
+    /// Set once the shutdown began: `/readyz` answers 503 to the connections still open.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl Ctx {
@@ -119,6 +122,7 @@ impl Ctx {
             per_caller,
             proxies: TrustedProxies::new(&config.trusted_proxies),
             executions: Arc::default(),
+            draining: std::sync::atomic::AtomicBool::new(false),
             tenant_header: header(&config.tenant_header)?,
             principal_header: header(&config.principal_header)?,
             token: config
@@ -222,6 +226,26 @@ impl Ctx {
         }
         if let Some(id) = request_id().and_then(|id| HeaderValue::from_str(&id).ok()) {
             headers.insert(X_REQUEST_ID, id);
+        }
+        // W3C trace context: the upstream call is a child of the caller's span, or the
+        // first span of a new trace. A malformed traceparent is replaced, not passed on.
+        let span = uuid::Uuid::new_v4().as_bytes()[..8]
+            .try_into()
+            .unwrap_or([1; 8]);
+        let next = match headers
+            .get(&TRACEPARENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(TraceParent::parse)
+        {
+            Some(parent) => parent.child(span),
+            None => TraceParent {
+                trace_id: *uuid::Uuid::new_v4().as_bytes(),
+                parent_id: span,
+                flags: 0,
+            },
+        };
+        if let Ok(v) = HeaderValue::from_str(&next.to_string()) {
+            headers.insert(TRACEPARENT, v);
         }
         // A proxy may add its own line instead of extending one: every line counts,
         // in order.
@@ -360,6 +384,41 @@ fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
             );
             r
         }
+        "/livez" => json_answer(
+            http::StatusCode::OK,
+            serde_json::json!({"status": "alive", "instance": ctx.instance}),
+        ),
+        "/readyz" => {
+            // Ready while it can take new keys: a degraded shared window still forwards
+            // (the upstream guards), a full memory window answers 503 to new keys.
+            let draining = ctx.draining.load(std::sync::atomic::Ordering::Relaxed);
+            let window_full = ctx.window.is_full();
+            let degraded = ctx.metrics.is_degraded();
+            let ready = !draining && !window_full;
+            let reason = if draining {
+                Some("shutting down")
+            } else if window_full {
+                Some("window full: new keys are refused until records expire")
+            } else {
+                None
+            };
+            json_answer(
+                if ready {
+                    http::StatusCode::OK
+                } else {
+                    http::StatusCode::SERVICE_UNAVAILABLE
+                },
+                serde_json::json!({
+                    "status": if ready { "ready" } else { "not_ready" },
+                    "reason": reason,
+                    "draining": draining,
+                    "degraded": degraded,
+                    "window_full": window_full,
+                    "window": ctx.window.backend(),
+                    "instance": ctx.instance,
+                }),
+            )
+        }
         "/health" => {
             let window_full = ctx.window.is_full();
             let degraded = ctx.metrics.is_degraded() || window_full;
@@ -381,6 +440,14 @@ fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
             "no such gateway endpoint",
         )),
     }
+}
+
+fn json_answer(status: http::StatusCode, body: serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(full(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
 }
 
 async fn passthrough(

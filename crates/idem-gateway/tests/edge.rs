@@ -201,6 +201,24 @@ async fn a_full_memory_window_fails_closed() {
         .unwrap();
     assert_eq!(health["status"], "degraded");
     assert_eq!(health["window_full"], true);
+    // Not ready while new keys are refused; still alive.
+    let ready = c
+        .get(format!("{}/_idem/readyz", gw.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let ready: serde_json::Value = ready.json().await.unwrap();
+    assert!(
+        ready["reason"].as_str().unwrap().contains("window full"),
+        "{ready}"
+    );
+    let live = c
+        .get(format!("{}/_idem/livez", gw.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
     let metrics = c
         .get(format!("{}/_idem/metrics", gw.url()))
         .send()

@@ -57,6 +57,52 @@ async fn key_is_required_and_passed_unchanged() {
 }
 
 #[tokio::test]
+async fn the_upstream_sees_the_callers_trace_as_a_child_span() {
+    let up = stub().await;
+    let gw = idem_gateway::start(config(&up.url())).await.unwrap();
+    let c = client();
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let seen = |key: &'static str, traceparent: Option<&'static str>| {
+        let mut r = c
+            .post(format!("{}/v1/echo", gw.url()))
+            .header("x-api-key", T1_KEY)
+            .header("idempotency-key", key)
+            .body("{}");
+        if let Some(t) = traceparent {
+            r = r.header("traceparent", t);
+        }
+        async move {
+            let v: serde_json::Value = r.send().await.unwrap().json().await.unwrap();
+            v["headers"]["traceparent"].as_str().unwrap().to_string()
+        }
+    };
+    let child = seen("trace-1", Some(caller)).await;
+    let t = idem_core::wire::TraceParent::parse(&child).expect("a valid traceparent");
+    assert_eq!(
+        t.trace_id_hex(),
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        "{child}"
+    );
+    assert_ne!(child, caller, "the gateway's hop is a span of its own");
+    assert_eq!(t.flags, 1, "the caller's sampling decision is kept");
+    // No trace (or a malformed one): the gateway starts one.
+    for given in [None, Some("00-not-a-trace-01")] {
+        let fresh = seen(
+            if given.is_none() {
+                "trace-2"
+            } else {
+                "trace-3"
+            },
+            given,
+        )
+        .await;
+        let t = idem_core::wire::TraceParent::parse(&fresh).expect("a valid traceparent");
+        assert_ne!(t.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    }
+    gw.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn duplicate_replays_the_first_response() {
     let up = stub().await;
     let gw = idem_gateway::start(config(&up.url())).await.unwrap();
@@ -630,6 +676,18 @@ async fn upstream_down_is_502_and_metrics_are_exposed() {
         .unwrap();
     assert_eq!(h["status"], "ok");
     assert_eq!(h["window"], "memory");
+    // The upstream being down does not make the gateway unready: it answers 502 itself.
+    let ready = c
+        .get(format!("{}/_idem/readyz", gw.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let ready: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(
+        (ready["status"].as_str(), ready["draining"].as_bool()),
+        (Some("ready"), Some(false))
+    );
     gw.stop().await.unwrap();
 }
 

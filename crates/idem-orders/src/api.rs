@@ -71,6 +71,8 @@ pub(crate) struct AppState {
     pub(crate) body_read_timeout: Duration,
     /// Bodies larger than this are refused (the layer's limit, applied to every route).
     pub(crate) max_body: usize,
+    /// Set once a shutdown began: `/readyz` answers 503 so balancers stop sending.
+    pub(crate) draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl AppState {
@@ -98,6 +100,8 @@ pub(crate) fn router(state: AppState, layer: IdempotencyLayer, legacy: bool) -> 
         .route("/v1/admin/shows/{tenant}/{show_id}", put(put_show));
     let public = Router::new()
         .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi));
     tenant_api
@@ -889,6 +893,58 @@ async fn healthz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// `/livez`: the process serves HTTP. Nothing else is checked, so a slow database never
+/// gets a live process restarted.
+async fn livez() -> Response {
+    axum::Json(json!({ "status": "alive" })).into_response()
+}
+
+/// `/readyz`: 200 only when the database answers, its schemas are the ones this build
+/// needs, and no shutdown has begun; otherwise 503 with the check that failed.
+async fn readyz(State(state): State<AppState>) -> Response {
+    let draining = state.draining.load(std::sync::atomic::Ordering::Relaxed);
+    let schema = state.db().schema_status().await;
+    let (status, body) = readiness(draining, &schema, state.db().backend());
+    (status, axum::Json(body)).into_response()
+}
+
+fn readiness(
+    draining: bool,
+    schema: &Result<crate::db::SchemaStatus, crate::error::Error>,
+    backend: &str,
+) -> (StatusCode, serde_json::Value) {
+    let (database, schema_ok, schema_json) = match schema {
+        Ok(s) => ("reachable", s.current(), json!(s)),
+        Err(_) => ("unreachable", false, serde_json::Value::Null),
+    };
+    let ready = !draining && database == "reachable" && schema_ok;
+    let reason = if draining {
+        Some("shutting down")
+    } else if database != "reachable" {
+        Some("database unreachable")
+    } else if !schema_ok {
+        Some("schema older than this build needs: run idem migrate")
+    } else {
+        None
+    };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        json!({
+            "status": if ready { "ready" } else { "not_ready" },
+            "reason": reason,
+            "draining": draining,
+            "database": database,
+            "backend": backend,
+            "schema": schema_json,
+        }),
+    )
+}
+
 /// `/metrics` on the main address: the admin token is required (the series describe
 /// every tenant's traffic).
 async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
@@ -969,8 +1025,20 @@ const MAX_PROBLEM_BODY: usize = 64 * 1024;
 
 async fn request_ids(request: Request, next: Next) -> Response {
     let id = idem_http::headers::request_id(request.headers());
+    // The caller's W3C trace (the gateway always sends one): its id joins our log lines
+    // to the caller's trace.
+    let trace_id = request
+        .headers()
+        .get(&idem_core::wire::TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(idem_core::wire::TraceParent::parse)
+        .map(|t| t.trace_id_hex());
     // An error-level span, so its id shows on every logged warning and error.
-    let span = tracing::error_span!("request", request_id = %id);
+    let span = tracing::error_span!(
+        "request",
+        request_id = %id,
+        trace_id = trace_id.as_deref().unwrap_or("-")
+    );
     let response = next.run(request).instrument(span).await;
     with_request_id(response, &id).await
 }
@@ -1088,4 +1156,47 @@ fn too_large(limit: usize) -> Response {
     )
     .response()
     .into_response()
+}
+
+#[cfg(test)]
+mod readiness_tests {
+    use super::*;
+    use crate::db::SchemaStatus;
+
+    fn current() -> SchemaStatus {
+        SchemaStatus {
+            store: 9,
+            store_needed: 9,
+            ledgers: 1,
+            ledgers_needed: 1,
+        }
+    }
+
+    #[test]
+    fn ready_only_when_reachable_current_and_not_draining() {
+        let (s, body) = readiness(false, &Ok(current()), "sqlite");
+        assert_eq!(
+            (s, body["status"].as_str()),
+            (StatusCode::OK, Some("ready"))
+        );
+        let (s, body) = readiness(true, &Ok(current()), "sqlite");
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["reason"], "shutting down");
+        let old = SchemaStatus {
+            ledgers: 0,
+            ..current()
+        };
+        let (s, body) = readiness(false, &Ok(old), "sqlite");
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body["reason"].as_str().unwrap().contains("idem migrate"));
+        let newer = SchemaStatus {
+            store: 10,
+            ..current()
+        };
+        assert_eq!(readiness(false, &Ok(newer), "sqlite").0, StatusCode::OK);
+        let down = Err(crate::error::Error::Unavailable("down".into()));
+        let (s, body) = readiness(false, &down, "postgres");
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["database"], "unreachable");
+    }
 }

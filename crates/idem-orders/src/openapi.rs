@@ -124,7 +124,9 @@ pub fn spec(config: &IdempotencyConfig, legacy: bool) -> Value {
                 }
             },
             "/metrics": {"get": {"summary": "Prometheus metrics (the admin token; or without credentials on --metrics-listen)", "responses": {"200": {"description": "OpenMetrics text"}, "401": {"description": "Admin token required"}, "403": {"description": "The admin API is disabled"}}}},
-            "/healthz": {"get": {"summary": "Liveness and database reachability", "security": [], "responses": {"200": {"description": "ok"}}}},
+            "/healthz": {"get": {"summary": "Liveness and database reachability", "security": [], "responses": {"200": {"description": "ok"}, "503": {"description": "The database does not answer"}}}},
+            "/livez": {"get": {"summary": "Liveness: the process serves HTTP", "security": [], "responses": {"200": {"description": "alive"}}}},
+            "/readyz": {"get": {"summary": "Readiness: database reachable, schemas current, not shutting down", "security": [], "responses": {"200": {"description": "ready"}, "503": {"description": "not ready, with the reason"}}}},
             "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3.1"}}}}
         },
         "components": {

@@ -315,6 +315,7 @@ pub struct App {
     metrics: OrdersMetrics,
     metrics_router: Router,
     options: ServiceOptions,
+    draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The idempotency layer's configuration for this service.
@@ -427,6 +428,7 @@ impl App {
         let layer = IdempotencyLayer::from_arcs(store.clone(), auth.clone())
             .with_config(idem_config)
             .with_metrics(idem_metrics);
+        let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let state = AppState {
             orders: orders.clone(),
             auth,
@@ -437,6 +439,7 @@ impl App {
             openapi: Arc::new(openapi),
             body_read_timeout: config.options.timeouts.body_read,
             max_body,
+            draining: draining.clone(),
         };
         let metrics_router = api::metrics_router(state.clone());
         let router = api::router(state, layer.clone(), config.options.legacy_route);
@@ -453,6 +456,7 @@ impl App {
             metrics,
             metrics_router,
             options: config.options.clone(),
+            draining,
         })
     }
 }
@@ -469,6 +473,7 @@ pub struct Server {
     task: JoinHandle<Result<(), Error>>,
     refresher: JoinHandle<()>,
     backend: &'static str,
+    draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
@@ -508,6 +513,9 @@ impl Server {
     /// Stops accepting, lets requests in flight finish within the shutdown grace (then
     /// cuts off the executions still running), stops the chain.
     pub async fn shutdown(mut self) -> Result<(), Error> {
+        // Readiness first: connections kept alive during the drain hear "not ready".
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.stop.send_replace(true);
         self.finish().await
     }
@@ -599,6 +607,7 @@ pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
         stop,
         task,
         refresher,
+        draining: app.draining,
     })
 }
 

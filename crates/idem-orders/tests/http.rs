@@ -621,6 +621,56 @@ async fn key_state_query_is_tenant_scoped(env: Env) {
 
 async fn public_endpoints(env: Env) {
     let s = env.start().await;
+    // Liveness asks nothing; readiness checks the database and its schema versions.
+    let live = s
+        .http
+        .get(format!("{}/livez", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
+    let ready = s
+        .http
+        .get(format!("{}/readyz", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    let ready: Value = ready.json().await.unwrap();
+    assert_eq!(ready["status"], "ready", "{ready}");
+    assert!(
+        ready["schema"]["store_needed"].as_i64().unwrap() >= 1,
+        "{ready}"
+    );
+    // A ledger schema older than this build needs: not ready, and why.
+    let store = s.server.orders().database().store().clone();
+    let shift = |by: i64| {
+        let store = store.clone();
+        async move {
+            let mut c = store.acquire().await.unwrap();
+            c.conn()
+                .execute(
+                    idem_sql::sql("UPDATE orders_schema_migrations SET version = version + $1")
+                        .bind(by),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    shift(-1000).await;
+    let stale = s
+        .http
+        .get(format!("{}/readyz", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stale.status(), 503);
+    let stale: Value = stale.json().await.unwrap();
+    assert!(
+        stale["reason"].as_str().unwrap().contains("idem migrate"),
+        "{stale}"
+    );
+    shift(1000).await;
     let health: Value = s
         .http
         .get(format!("{}/healthz", s.base))

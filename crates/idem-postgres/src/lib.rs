@@ -49,6 +49,11 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
 pub use error::{is_unavailable, map_err};
+
+/// The newest schema version this build knows (`idem_schema_migrations`).
+pub fn newest_migration() -> i64 {
+    migrate::MIGRATIONS.last().map_or(0, |m| m.version)
+}
 pub use lease::*;
 
 /// How many times one claim re-runs its deciding statement after an empty answer (the

@@ -97,6 +97,14 @@ impl SqlStore {
         Ok(store.into())
     }
 
+    /// The newest idempotency-store schema version this build knows for its backend.
+    pub fn newest_migration(&self) -> i64 {
+        match self.backend() {
+            Backend::Sqlite => idem_sqlite::newest_migration(),
+            _ => idem_postgres::newest_migration(),
+        }
+    }
+
     pub fn backend(&self) -> Backend {
         match &self.db {
             Db::Sqlite(_) => Backend::Sqlite,

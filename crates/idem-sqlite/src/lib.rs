@@ -35,6 +35,11 @@ mod retention;
 pub use lease::*;
 pub use migrate::MIGRATIONS;
 
+/// The newest schema version this build knows (`idem_schema_migrations`).
+pub fn newest_migration() -> i64 {
+    MIGRATIONS.last().map_or(0, |(v, _)| *v)
+}
+
 /// The default database file, relative to the working directory.
 pub const DEFAULT_PATH: &str = "./idem-data/idem.db";
 

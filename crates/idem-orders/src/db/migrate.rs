@@ -207,6 +207,11 @@ const COMMON: &[Migration] = &[Migration {
 const VERSIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS orders_schema_migrations (\
     version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)";
 
+/// The newest ledger schema version this build knows.
+pub(super) fn newest() -> i64 {
+    COMMON.last().map_or(0, |m| m.version)
+}
+
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }

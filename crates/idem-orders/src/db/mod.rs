@@ -36,6 +36,21 @@ pub const PG_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// A session left idle inside a transaction this long is ended by the server.
 pub const PG_IDLE_IN_TRANSACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// The schema versions applied, and the ones this build needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SchemaStatus {
+    pub store: i64,
+    pub store_needed: i64,
+    pub ledgers: i64,
+    pub ledgers_needed: i64,
+}
+
+impl SchemaStatus {
+    pub fn current(&self) -> bool {
+        self.store >= self.store_needed && self.ledgers >= self.ledgers_needed
+    }
+}
+
 /// How to open a [`Database`].
 #[derive(Debug, Clone, Default)]
 pub struct DatabaseOptions {
@@ -102,6 +117,39 @@ impl Database {
         tx.0.advisory_lock(&lock).await?;
         migrate::apply(&mut tx.conn()).await?;
         tx.commit().await
+    }
+
+    /// Whether the database answers and its schemas are the ones this build needs: the
+    /// idempotency store's and the ledgers' newest applied versions against the newest
+    /// this build knows. A newer schema (a newer build migrated it) is current too: the
+    /// migrations are additive.
+    pub async fn schema_status(&self) -> Result<SchemaStatus, Error> {
+        let mut c = self.acquire().await?;
+        let newest = |table: &'static str| {
+            sql(if table == "idem" {
+                "SELECT max(version) AS v FROM idem_schema_migrations"
+            } else {
+                "SELECT max(version) AS v FROM orders_schema_migrations"
+            })
+        };
+        let store = c
+            .conn()
+            .one(newest("idem"))
+            .await?
+            .opt_int("v")?
+            .unwrap_or(0);
+        let ledgers = c
+            .conn()
+            .one(newest("orders"))
+            .await?
+            .opt_int("v")?
+            .unwrap_or(0);
+        Ok(SchemaStatus {
+            store,
+            store_needed: self.store.newest_migration(),
+            ledgers,
+            ledgers_needed: migrate::newest(),
+        })
     }
 
     /// `sqlite` or `postgres`.
