@@ -987,7 +987,9 @@ pub(crate) async fn refresh_state_gauges(
     static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one = REFRESH.lock().await;
     let freezes = freeze::active_freezes(db).await?;
-    let (pending, unpublished) = {
+    // The store's clock decides whether a claim lease ran out, as it did when granting it.
+    let now = db.store().retention().now().await?;
+    let (pending, unpublished, stale) = {
         let mut conn = db.acquire().await?;
         let mut c = conn.conn();
         let pending = ledgers::pending_by_consumer(&mut c).await?;
@@ -997,9 +999,20 @@ pub(crate) async fn refresh_state_gauges(
             ))
             .await?
             .int("n")?;
-        (pending, unpublished)
+        let stale = c
+            .one(
+                crate::db::sql(
+                    "SELECT COUNT(*) AS n FROM idem_records \
+                     WHERE state = 'PROCESSING' AND lease_expires_at < $1",
+                )
+                .bind(now),
+            )
+            .await?
+            .int("n")?;
+        (pending, unpublished, stale)
     };
     metrics.observe_state(&freezes, &pending, unpublished);
+    metrics.observe_processing_past_lease(stale);
     Ok(())
 }
 

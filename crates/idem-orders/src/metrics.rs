@@ -13,6 +13,7 @@
 //! | `idem_orders_freeze_active` | `scope_kind` (`user`, `show`, `all`), `what` | active freezes |
 //! | `idem_orders_pending_deliveries` | `consumer` | queued in-process deliveries |
 //! | `idem_orders_outbox_unpublished` | — | outbox messages not yet published |
+//! | `idem_orders_processing_past_lease` | — | idempotency records PROCESSING whose claim lease ran out (by the store clock) |
 //!
 //! Every label has a fixed set of values: no user, show or tenant id is ever a label
 //! (they would be personal data and unbounded). The three state gauges come from the
@@ -94,6 +95,7 @@ struct Inner {
     freeze_active: Family<FreezeLabels, Gauge>,
     pending: Family<ConsumerLabel, Gauge>,
     unpublished: Gauge,
+    processing_past_lease: Gauge,
 }
 
 /// Cheap to clone; clones share the series.
@@ -155,6 +157,15 @@ impl OrdersMetrics {
             "Outbox messages not yet published",
             i.unpublished.clone(),
         );
+        registry.register(
+            "idem_orders_processing_past_lease",
+            "Idempotency records PROCESSING whose claim lease ran out (the sweeper turns them retryable)",
+            i.processing_past_lease.clone(),
+        );
+    }
+
+    pub(crate) fn observe_processing_past_lease(&self, n: i64) {
+        self.inner.processing_past_lease.set(n);
     }
 
     pub(crate) fn created(&self, route: &'static str) {

@@ -25,6 +25,7 @@ on_both_stores!(
     paid_order_gets_one_ticket_through_the_chain,
     key_state_query_is_tenant_scoped,
     public_endpoints,
+    a_claim_left_past_its_lease_shows_in_a_gauge,
 );
 
 /// The seed's check: 8 concurrent creates with one key → 1 INSERT and 8 answers with
@@ -616,6 +617,42 @@ async fn key_state_query_is_tenant_scoped(env: Env) {
     let refused = s.get("/v1/idempotency-keys/state-refused", T1).await;
     assert_eq!(refused.body["state"], "FAILED_TERMINAL");
     assert_eq!(refused.body["result"]["status"], 422);
+    s.shutdown().await;
+}
+
+/// A claim whose holder died shows in `idem_orders_processing_past_lease` (read with the
+/// store's clock by the background refresh) until someone recovers it.
+async fn a_claim_left_past_its_lease_shows_in_a_gauge(env: Env) {
+    use idem_core::{
+        ClaimRequest, Fingerprint, IdempotencyKey, OwnerId, Principal, Scope, TenantId,
+    };
+    let s = env
+        .start_with(|c| c.options.metrics_refresh = Duration::from_millis(100))
+        .await;
+    let store = s.server.orders().database().idempotency_store();
+    let claim = ClaimRequest {
+        scope: Scope::new(
+            TenantId::new("t1").unwrap(),
+            IdempotencyKey::new(format!("orphan-{}", uuid::Uuid::now_v7())).unwrap(),
+        ),
+        principal: Principal::new("api-key:t1").unwrap(),
+        fingerprint: Fingerprint::of_bytes(b"orphan"),
+        owner: OwnerId::new("a-process-that-died").unwrap(),
+        lease: Duration::from_millis(200),
+    };
+    store.claim(&claim).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let text = s.metrics().await;
+        if text.contains("idem_orders_processing_past_lease 1") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gauge never counted the orphan:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     s.shutdown().await;
 }
 

@@ -643,6 +643,32 @@ fn metrics_need_the_admin_token_and_carry_no_user_data() {
         );
         assert!(!text.contains("alice"), "a user id in the metrics:\n{text}");
         assert!(!text.contains("tenant=\""), "{text}");
+        // The alert rules read the service's series under the names exported here.
+        let rules = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/alerts/idem-alerts.yml"
+        ))
+        .unwrap();
+        let referenced: Vec<&str> = rules
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("idem_orders_") || w.starts_with("idem_http_"))
+            .collect();
+        assert!(referenced.len() >= 3, "{referenced:?}");
+        for series in referenced {
+            // A labelled counter has no sample before its first increment; its family
+            // is declared all the same.
+            let family = series.strip_suffix("_total").unwrap_or(series);
+            assert!(
+                text.contains(&format!("{series} "))
+                    || text.contains(&format!("{series}{{"))
+                    || text.contains(&format!("# TYPE {family} counter")),
+                "{series} is not exported:\n{text}"
+            );
+        }
+        assert!(
+            text.contains("idem_orders_processing_past_lease 0"),
+            "{text}"
+        );
     });
 }
 
