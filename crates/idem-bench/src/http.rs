@@ -232,6 +232,7 @@ async fn clean_up(store: &Store, url: &str, open: &OpenOptions) -> Result<(), Be
             };
             removed
                 .await
+                .map(|_| ())
                 .map_err(|e| BenchError::Setup(format!("removing the bench keys: {e}")))
         }
     }

@@ -150,31 +150,9 @@ pub async fn delete_prefix(url: &str, prefix: &str) -> Result<u64, ChaosError> {
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| ChaosError::Setup(format!("Redis: {e}")))?;
-    let mut cursor: u64 = 0;
-    let mut deleted = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}:*"))
-            .arg("COUNT")
-            .arg(500)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| ChaosError::Setup(format!("Redis SCAN: {e}")))?;
-        if !keys.is_empty() {
-            let n: u64 = redis::cmd("DEL")
-                .arg(&keys)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| ChaosError::Setup(format!("Redis DEL: {e}")))?;
-            deleted += n;
-        }
-        cursor = next;
-        if cursor == 0 {
-            return Ok(deleted);
-        }
-    }
+    idem_redis::unlink_prefix(&mut conn, prefix)
+        .await
+        .map_err(|e| ChaosError::Setup(format!("Redis: {e}")))
 }
 
 /// Runs `plan` against `topo` until `until` (campaign time), recording each fault.

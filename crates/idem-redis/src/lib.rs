@@ -140,6 +140,36 @@ pub mod retention;
 pub use codec::{decode_record, encode_record};
 pub use lease::*;
 
+/// Removes every key under `prefix:` in SCAN batches (what a bench or a chaos campaign
+/// wrote under a prefix of its own) and returns how many there were. Keys outside the
+/// prefix are never touched.
+pub async fn unlink_prefix<C>(conn: &mut C, prefix: &str) -> Result<u64, redis::RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let pattern = format!("{prefix}:*");
+    let mut cursor: u64 = 0;
+    let mut removed = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        if !keys.is_empty() {
+            let n: u64 = redis::cmd("UNLINK").arg(&keys).query_async(conn).await?;
+            removed += n;
+        }
+        if next == 0 {
+            return Ok(removed);
+        }
+        cursor = next;
+    }
+}
+
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "idem";
 /// Default record expiry: 24 h (Stripe keeps keys at least 24 h; Restate's default).

@@ -631,3 +631,46 @@ async fn the_server_and_its_capabilities_are_read_at_connect() {
         assert!(server.set_ifeq, "Valkey {server} has SET IFEQ");
     }
 }
+
+/// `unlink_prefix` empties exactly `prefix:` and says how much it removed.
+#[tokio::test]
+async fn unlink_prefix_removes_its_prefix_only() {
+    let Some(h) = RedisHarness::new().await else {
+        return;
+    };
+    let mut admin = h.admin().await;
+    let neighbour = format!("{}x:kept", h.prefix);
+    for key in [
+        format!("{}:a", h.prefix),
+        format!("{}:b:{{c}}", h.prefix),
+        neighbour.clone(),
+    ] {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("1")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+    let removed = idem_redis::unlink_prefix(&mut admin, &h.prefix)
+        .await
+        .unwrap();
+    assert_eq!(removed, 2);
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(&neighbour)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "a key of another prefix stays");
+    let _: () = redis::cmd("DEL")
+        .arg(&neighbour)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        idem_redis::unlink_prefix(&mut admin, &h.prefix)
+            .await
+            .unwrap(),
+        0
+    );
+}

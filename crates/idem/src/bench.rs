@@ -779,5 +779,6 @@ pub(crate) async fn unlink_prefix(
 ) -> Result<(), StoreError> {
     idem_bench::cleanup::unlink_prefix(&mut conn.clone(), prefix)
         .await
+        .map(|_| ())
         .map_err(redis_err)
 }
