@@ -345,8 +345,21 @@ async fn terminate_backends(db_url: &str, db_name: &str) -> Result<u64, ChaosErr
     Ok(n as u64)
 }
 
-/// Orders paid or cancelled whose chain step has not finished yet; waits up to `within`
-/// for there to be some.
+/// Orders whose automatic chain has not finished: paid but not ticketed yet, or
+/// cancelled with their stock still held. The campaign's database is its own, so
+/// every order counts.
+pub(crate) async fn chain_work(c: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM orders o WHERE o.status = 'paid' OR (o.status = 'cancelled' \
+         AND EXISTS (SELECT 1 FROM inventory_holds h WHERE h.order_id = o.order_id \
+         AND h.status = 'held'))",
+    )
+    .fetch_one(c)
+    .await
+}
+
+/// Orders paid or cancelled whose chain step has not finished yet ([`chain_work`]);
+/// waits up to `within` for there to be some.
 async fn wait_for_chain_work(db_url: &str, within: Duration) -> u64 {
     let deadline = Instant::now() + within;
     let Ok(mut c) = sqlx::PgConnection::connect(db_url).await else {
@@ -354,15 +367,7 @@ async fn wait_for_chain_work(db_url: &str, within: Duration) -> u64 {
     };
     let mut n = 0;
     while Instant::now() < deadline {
-        n = sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM orders o WHERE (o.status = 'paid' AND NOT EXISTS \
-             (SELECT 1 FROM tickets t WHERE t.order_id = o.order_id)) OR (o.status = \
-             'cancelled' AND EXISTS (SELECT 1 FROM \
-             inventory_holds h WHERE h.order_id = o.order_id AND h.status = 'held'))",
-        )
-        .fetch_one(&mut c)
-        .await
-        .unwrap_or(0) as u64;
+        n = chain_work(&mut c).await.unwrap_or(0) as u64;
         if n > 0 {
             break;
         }

@@ -70,8 +70,13 @@ pub struct ChaosOptions {
 const SETTLE_INTENTS: Duration = Duration::from_secs(30);
 const SETTLE_CHAIN: Duration = Duration::from_secs(30);
 
-/// Runs one campaign and removes everything it started, whatever the outcome.
-pub async fn run(options: ChaosOptions) -> Result<(Report, PathBuf), ChaosError> {
+/// Runs one campaign and removes everything it started, whatever the outcome; when
+/// `interrupt` resolves first (the caller's SIGINT/SIGTERM), the campaign stops and
+/// [`ChaosError::Interrupted`] says so.
+pub async fn run(
+    options: ChaosOptions,
+    interrupt: impl std::future::Future<Output = ()>,
+) -> Result<(Report, PathBuf), ChaosError> {
     if options.services == 0 || options.gateways == 0 || options.users == 0 {
         return Err(ChaosError::Usage(
             "--services, --gateways and --users must be at least 1".into(),
@@ -88,7 +93,7 @@ pub async fn run(options: ChaosOptions) -> Result<(Report, PathBuf), ChaosError>
                 .await?;
             campaign(&mut topo, &options).await
         } => r,
-        _ = interrupted() => Err(ChaosError::Interrupted),
+        _ = interrupt => Err(ChaosError::Interrupted),
     };
     let keep = options.keep_database && matches!(&result, Ok(r) if !r.passed);
     if keep {
@@ -107,23 +112,6 @@ pub async fn run(options: ChaosOptions) -> Result<(Report, PathBuf), ChaosError>
         let _ = std::fs::remove_dir_all(&dir);
     }
     result.map(|r| (r, dir))
-}
-
-async fn interrupted() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        // Without handlers the default action stays: children die with us (PDEATHSIG).
-        _ => std::future::pending().await,
-    }
 }
 
 async fn campaign(topo: &mut topology::Topology, o: &ChaosOptions) -> Result<Report, ChaosError> {
@@ -169,7 +157,7 @@ async fn campaign(topo: &mut topology::Topology, o: &ChaosOptions) -> Result<Rep
     injected?;
     healed?;
     let intents_done = started.elapsed() - active;
-    settle_chain(&topo.db_url, &topo.tenant).await;
+    settle_chain(&topo.db_url).await;
     let settle = started.elapsed() - active;
     if let Some(p) = progress {
         p.finish_and_clear();
@@ -314,19 +302,20 @@ fn write_log(path: &std::path::Path, log: &[workload::IntentLog]) -> Result<(), 
 /// outbox message published, every paid order ticketed, every cancelled order's hold
 /// released, no claim left PROCESSING past its lease. Gives up after [`SETTLE_CHAIN`]
 /// (what is left then is for the checker to report).
-async fn settle_chain(db_url: &str, tenant: &str) {
+async fn settle_chain(db_url: &str) {
     let deadline = Instant::now() + SETTLE_CHAIN;
     let Ok(mut c) = sqlx::PgConnection::connect(db_url).await else {
         return;
     };
     while Instant::now() < deadline {
-        let open: Result<i64, _> = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM outbox_messages WHERE tenant_id = $1 AND published_at IS NULL)              + (SELECT count(*) FROM orders WHERE tenant_id = $1 AND status = 'paid')              + (SELECT count(*) FROM orders o JOIN inventory_holds h ON h.order_id = o.order_id                 WHERE o.tenant_id = $1 AND o.status = 'cancelled' AND h.status = 'held')              + (SELECT count(*) FROM idem_records WHERE state = 'PROCESSING')",
+        let rest: Result<i64, _> = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM outbox_messages WHERE published_at IS NULL) \
+             + (SELECT count(*) FROM idem_records WHERE state = 'PROCESSING')",
         )
-        .bind(tenant)
         .fetch_one(&mut c)
         .await;
-        if matches!(open, Ok(0)) {
+        let chain = faults::chain_work(&mut c).await;
+        if matches!((rest, chain), (Ok(0), Ok(0))) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -42,7 +42,10 @@ pub struct Node {
     pub name: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
-    health: String,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Answers 200 once the child is ready.
+    ready: &'static str,
     log: PathBuf,
     child: Option<Child>,
     pub restarts: u32,
@@ -119,7 +122,11 @@ impl Node {
                     )));
                 }
             }
-            if let Ok(r) = http.get(&self.health).send().await {
+            if let Ok(r) = http
+                .get(format!("{}{}", self.base, self.ready))
+                .send()
+                .await
+            {
                 if r.status().is_success() {
                     return Ok(());
                 }
@@ -351,7 +358,8 @@ impl Topology {
                 name: format!("serve-{i}"),
                 args,
                 env,
-                health: format!("http://{listen}/readyz"),
+                base: format!("http://{listen}"),
+                ready: "/readyz",
                 log: self.dir.join(format!("serve-{i}.log")),
                 child: None,
                 restarts: 0,
@@ -399,7 +407,8 @@ impl Topology {
                     "IDEM_GATEWAY_PRINCIPAL_SECRET".into(),
                     self.principal_secret.clone(),
                 )],
-                health: format!("http://127.0.0.1:{port}/_idem/readyz"),
+                base: format!("http://127.0.0.1:{port}"),
+                ready: "/_idem/readyz",
                 log: self.dir.join(format!("gateway-{j}.log")),
                 child: None,
                 restarts: 0,
@@ -413,7 +422,7 @@ impl Topology {
 
     /// Creates `shows` in the campaign's tenant through serve-0's admin API.
     pub async fn create_shows(&self, shows: &[&str], capacity: i64) -> Result<(), ChaosError> {
-        let base = self.services[0].health.trim_end_matches("/readyz");
+        let base = &self.services[0].base;
         for show in shows {
             let r = self
                 .http
@@ -445,7 +454,7 @@ impl Topology {
         ];
         let mut sums = std::collections::BTreeMap::new();
         for node in &self.services {
-            let url = node.health.replace("/readyz", "/metrics");
+            let url = format!("{}/metrics", node.base);
             let Ok(r) = self
                 .http
                 .get(&url)
@@ -473,10 +482,7 @@ impl Topology {
 
     /// Base URLs of the gateways.
     pub fn gateway_urls(&self) -> Vec<String> {
-        self.gateways
-            .iter()
-            .map(|g| g.health.trim_end_matches("/_idem/readyz").to_string())
-            .collect()
+        self.gateways.iter().map(|g| g.base.clone()).collect()
     }
 
     /// Every stopped child continued, every dead one restarted, every link passing.

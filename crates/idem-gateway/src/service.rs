@@ -422,18 +422,17 @@ fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
         "/health" => {
             let window_full = ctx.window.is_full();
             let degraded = ctx.metrics.is_degraded() || window_full;
-            let body = serde_json::json!({
-                "status": if degraded { "degraded" } else { "ok" },
-                "window_full": window_full,
-                "window": ctx.window.backend(),
-                "shared_window": ctx.window.is_shared(),
-                "instance": ctx.instance,
-                "in_flight": ctx.flights.len(),
-            });
-            let mut r = Response::new(full(body.to_string()));
-            r.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            r
+            json_answer(
+                http::StatusCode::OK,
+                serde_json::json!({
+                    "status": if degraded { "degraded" } else { "ok" },
+                    "window_full": window_full,
+                    "window": ctx.window.backend(),
+                    "shared_window": ctx.window.is_shared(),
+                    "instance": ctx.instance,
+                    "in_flight": ctx.flights.len(),
+                }),
+            )
         }
         _ => ctx.problem(Problem::new(
             ProblemKind::NotFound,

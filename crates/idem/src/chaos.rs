@@ -107,7 +107,9 @@ pub async fn run(database_url: Option<String>, args: ChaosArgs) -> Result<ExitCo
         workload_log: args.workload_log.clone(),
         keep_database: args.keep_database,
     };
-    let (report, logs) = match idem_chaos::run(options).await {
+    // Installed before anything starts, so a Ctrl-C at any point cleans up.
+    let interrupt = crate::signal::shutdown()?;
+    let (report, logs) = match idem_chaos::run(options, interrupt).await {
         Ok(done) => done,
         Err(ChaosError::Interrupted) => {
             eprintln!("idem chaos: {}", ChaosError::Interrupted);

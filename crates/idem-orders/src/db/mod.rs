@@ -125,25 +125,15 @@ impl Database {
     /// migrations are additive.
     pub async fn schema_status(&self) -> Result<SchemaStatus, Error> {
         let mut c = self.acquire().await?;
-        let newest = |table: &'static str| {
-            sql(if table == "idem" {
-                "SELECT max(version) AS v FROM idem_schema_migrations"
-            } else {
-                "SELECT max(version) AS v FROM orders_schema_migrations"
-            })
-        };
-        let store = c
+        let row = c
             .conn()
-            .one(newest("idem"))
-            .await?
-            .opt_int("v")?
-            .unwrap_or(0);
-        let ledgers = c
-            .conn()
-            .one(newest("orders"))
-            .await?
-            .opt_int("v")?
-            .unwrap_or(0);
+            .one(sql(
+                "SELECT (SELECT max(version) FROM idem_schema_migrations) AS store, \
+                 (SELECT max(version) FROM orders_schema_migrations) AS ledgers",
+            ))
+            .await?;
+        let store = row.opt_int("store")?.unwrap_or(0);
+        let ledgers = row.opt_int("ledgers")?.unwrap_or(0);
         Ok(SchemaStatus {
             store,
             store_needed: self.store.newest_migration(),
