@@ -58,6 +58,11 @@ pub struct ClaimToken {
     pub lease_expires_at: Millis,
     pub attempt: i32,
     pub kind: ClaimKind,
+    /// The exact record value this claim wrote, kept by a store that can then finish
+    /// with one plain compare-and-set on it (the Redis store's `SET … IFEQ`). Never
+    /// serialized: a token without it finishes by the store's general path.
+    #[serde(skip)]
+    pub written: Option<Arc<[u8]>>,
 }
 
 impl ClaimToken {
@@ -77,7 +82,14 @@ impl ClaimToken {
             lease_expires_at,
             attempt,
             kind,
+            written: None,
         }
+    }
+
+    /// The same token, remembering the value its claim wrote.
+    pub fn with_written(mut self, value: Arc<[u8]>) -> Self {
+        self.written = Some(value);
+        self
     }
 }
 

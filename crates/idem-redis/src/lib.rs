@@ -70,8 +70,9 @@
 //!
 //! # Atomicity, time and the decision table
 //!
-//! claim, finish and extend are Lua scripts (`EVALSHA`, loaded on `NOSCRIPT`). Redis runs
-//! a script alone, so each is a single atomic read-decide-write on one key:
+//! claim, finish and extend are Lua scripts (`EVALSHA`, loaded on `NOSCRIPT`; see below
+//! for the paths that need none). Redis runs a script alone, so each is a single atomic
+//! read-decide-write on one key:
 //! - claim implements [`idem_core::decide`] exactly: absent → PROCESSING (version 1,
 //!   attempt 1); PROCESSING with a live lease → in progress; SUCCEEDED/FAILED_TERMINAL →
 //!   replay; a different fingerprint or principal → mismatch in every state, nothing
@@ -87,7 +88,24 @@
 //!
 //! Time is read inside the scripts with `TIME` — the Redis server's clock, never the
 //! caller's — plus the [`ClockShift`] passed as an argument (zero in production; tests
-//! move it to control timelines). [`StoreLimits`] and lease bounds are checked in Rust
+//! move it to control timelines).
+//!
+//! # Without scripts, where the server allows
+//!
+//! Read at connect ([`ServerInfo`]):
+//! - with `SET … NX GET` (Redis ≥ 7.0, every Valkey) a claim first tries one `SET` of a
+//!   fresh PROCESSING record; when the key exists the same command hands back its value,
+//!   and a replay, a mismatch or a lease surely still live is answered from it. Only a
+//!   takeover (FAILED_RETRYABLE, or a lease that may have ended) runs the claim script;
+//! - with `SET … IFEQ` (Valkey ≥ 8.1, Redis ≥ 8.4) a completion is one `SET` of the
+//!   finished record, conditional on the exact value the claim wrote (kept in
+//!   [`ClaimToken::written`]). If the value changed — a heartbeat rewrote it, or the claim
+//!   was superseded — the finish script decides as before.
+//!
+//! These writes carry times without running on the server, so they take an upper bound
+//! of the server's clock from a `TIME` reading at most a second old (see `clock`): a
+//! lease written this way is never shorter than asked, and every decision that ends a
+//! lease still reads `TIME` inside a script. [`StoreLimits`] and lease bounds are checked in Rust
 //! before any script runs, so bad input writes nothing.
 //!
 //! # Expiry
@@ -129,11 +147,12 @@ use async_trait::async_trait;
 use idem_core::store::{check_lease, verdict, Verdict};
 use idem_core::{
     Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
-    OwnerId, RecentKeys, Record, Scope, StoreError, StoreLimits,
+    OwnerId, RecentKeys, Record, RecordState, Scope, StoreError, StoreLimits,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
 
+mod clock;
 mod codec;
 mod lease;
 pub mod retention;
@@ -231,6 +250,9 @@ pub struct ServerInfo {
     pub version: (u32, u32, u32),
     /// `SET … IFEQ` (compare-and-set without a script): Valkey ≥ 8.1, Redis ≥ 8.4.
     pub set_ifeq: bool,
+    /// `SET … NX GET` (create, or read what is there, in one command): Redis ≥ 7.0 and
+    /// every Valkey.
+    pub set_nx_get: bool,
 }
 
 impl ServerInfo {
@@ -248,14 +270,15 @@ impl ServerInfo {
             field("redis_version")
         };
         let version = version_text.map_or((0, 0, 0), parse_version);
-        let set_ifeq = match name.as_str() {
-            "valkey" => version >= (8, 1, 0),
-            _ => version >= (8, 4, 0),
+        let (set_ifeq, set_nx_get) = match name.as_str() {
+            "valkey" => (version >= (8, 1, 0), true),
+            _ => (version >= (8, 4, 0), version >= (7, 0, 0)),
         };
         Self {
             name,
             version,
             set_ifeq,
+            set_nx_get,
         }
     }
 }
@@ -297,6 +320,8 @@ struct Inner {
     finish: Script,
     extend: Script,
     recent: RecentKeys,
+    /// The server's clock for the commands that write times without a script.
+    server_clock: clock::ServerClock,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -387,6 +412,7 @@ impl RedisStore {
                 finish: Script::new(FINISH_LUA),
                 extend: Script::new(EXTEND_LUA),
                 recent: RecentKeys::new(options.recent_capacity),
+                server_clock: clock::ServerClock::new(),
             }),
         })
     }
@@ -507,6 +533,130 @@ impl RedisStore {
 
     fn retention_ms(&self) -> u64 {
         millis_u64(self.inner.retention)
+    }
+
+    /// Bounds on the server's clock now (see `clock`), taking a new `TIME` reading when
+    /// the last one is due.
+    async fn server_now(&self) -> Result<clock::Bounds, StoreError> {
+        let clock = &self.inner.server_clock;
+        if clock.begin_refresh() {
+            let mut conn = self.conn().await;
+            let sent = std::time::Instant::now();
+            let res: Result<(i64, i64), RedisError> =
+                redis::cmd("TIME").query_async(&mut conn).await;
+            match self.check(res) {
+                Ok((secs, micros)) => clock.record(secs, micros, sent, std::time::Instant::now()),
+                Err(e) => {
+                    clock.abandon();
+                    return Err(e);
+                }
+            }
+        }
+        match clock.bounds(self.shift()) {
+            Some(bounds) => Ok(bounds),
+            // Another caller's first reading is in flight: take one of our own.
+            None => {
+                let mut conn = self.conn().await;
+                let sent = std::time::Instant::now();
+                let (secs, micros): (i64, i64) =
+                    self.check(redis::cmd("TIME").query_async(&mut conn).await)?;
+                clock.record(secs, micros, sent, std::time::Instant::now());
+                clock
+                    .bounds(self.shift())
+                    .ok_or_else(|| corrupt("no clock reading after TIME"))
+            }
+        }
+    }
+
+    /// A claim without a script: `SET … NX GET` writes a fresh PROCESSING record or
+    /// hands back the one there. Replays, mismatches and leases certainly live are
+    /// answered from that value; `None` leaves the rest (a takeover, or a lease that may
+    /// have ended) to the claim script.
+    async fn claim_scriptless(
+        &self,
+        req: &ClaimRequest,
+        key: &str,
+        lease_ms: Millis,
+    ) -> Result<Option<Claim>, StoreError> {
+        let now = self.server_now().await?;
+        let deadline = now.upper.saturating_add(lease_ms);
+        let fresh = Record {
+            tenant: req.scope.tenant.clone(),
+            key: req.scope.key.clone(),
+            principal: req.principal.clone(),
+            fingerprint: req.fingerprint,
+            state: RecordState::Processing,
+            version: 1,
+            owner: Some(req.owner.clone()),
+            lease_expires_at: Some(deadline),
+            result: None,
+            attempts: 1,
+            created_at: now.upper,
+            updated_at: now.upper,
+            completed_at: None,
+        };
+        let value: Arc<[u8]> = codec::encode_record(&fresh)?.into();
+        let mut conn = self.conn().await;
+        let old: Option<Vec<u8>> = self.check(
+            redis::cmd("SET")
+                .arg(key)
+                .arg(&*value)
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(self.retention_ms().saturating_add(millis_u64(req.lease)))
+                .query_async(&mut conn)
+                .await,
+        )?;
+        let Some(old) = old else {
+            let token = ClaimToken::of(req, 1, deadline, 1, ClaimKind::Fresh).with_written(value);
+            return Ok(Some(Claim::Proceed(token)));
+        };
+        // Judged at the upper bound: "in progress" only while the lease is surely live.
+        Ok(match verdict(codec::decode_record(&old)?, req, now.upper) {
+            Verdict::Answer(claim) => Some(claim),
+            Verdict::TakeOver { .. } => None,
+        })
+    }
+
+    /// Completion without a script: `SET … IFEQ` on the value the claim wrote. `None`
+    /// when that value is no longer there (a heartbeat rewrote it, or the claim was
+    /// superseded); the finish script then decides.
+    async fn finish_scriptless(
+        &self,
+        token: &ClaimToken,
+        written: &[u8],
+        finish: &Finish,
+    ) -> Result<Option<Record>, StoreError> {
+        let claimed = codec::decode_record(written)?;
+        if claimed.version != token.version || claimed.state != RecordState::Processing {
+            return Ok(None);
+        }
+        let now = self.server_now().await?.upper;
+        let done = Record {
+            state: finish.state,
+            version: claimed.version + 1,
+            lease_expires_at: None,
+            result: finish.result.clone(),
+            updated_at: now,
+            completed_at: finish.state.is_terminal().then_some(now),
+            ..claimed
+        };
+        let value = codec::encode_record(&done)?;
+        let key = self.record_key(&token.scope);
+        let mut conn = self.conn().await;
+        let set: Option<String> = self.check(
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(value)
+                .arg("IFEQ")
+                .arg(written)
+                .arg("PX")
+                .arg(self.retention_ms())
+                .query_async(&mut conn)
+                .await,
+        )?;
+        Ok(set.map(|_| done))
     }
 }
 
@@ -649,6 +799,16 @@ impl IdempotencyStore for RedisStore {
                 return Ok(claim);
             }
         }
+        if self.inner.server.set_nx_get {
+            let lease_ms = self.inner.limits.claim_lease(req)?;
+            if let Some(claim) = self.claim_scriptless(req, &key, lease_ms).await? {
+                if !matches!(claim, Claim::Proceed(_)) {
+                    self.inner.recent.note(&req.scope);
+                }
+                tracing::debug!(scope = %req.scope, owner = %req.owner, decision = claim.decision(), "redis claim without a script");
+                return Ok(claim);
+            }
+        }
         let ident = codec::identity_block(
             &req.principal,
             &req.fingerprint,
@@ -672,6 +832,13 @@ impl IdempotencyStore for RedisStore {
 
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
         self.inner.limits.check_finish(&finish)?;
+        if let (true, Some(written)) = (self.inner.server.set_ifeq, &token.written) {
+            if let Some(rec) = self.finish_scriptless(token, written, &finish).await? {
+                self.inner.recent.note(&token.scope);
+                tracing::debug!(scope = %token.scope, state = %rec.state, version = rec.version, "redis finish without a script");
+                return Ok(rec);
+            }
+        }
         let key = self.record_key(&token.scope);
         let mut cmd = self.evalsha(&self.inner.finish, &key);
         cmd.arg(self.shift())
@@ -744,6 +911,8 @@ mod tests {
         let redis7 = ServerInfo::parse("# Server\r\nredis_version:7.0.15\r\n");
         assert_eq!(redis7.to_string(), "redis 7.0.15");
         assert!(!redis7.set_ifeq);
+        assert!(redis7.set_nx_get && valkey.set_nx_get);
+        assert!(!ServerInfo::parse("redis_version:6.2.14\r\n").set_nx_get);
         assert!(ServerInfo::parse("redis_version:8.4.0\r\n").set_ifeq);
         assert!(!ServerInfo::parse("server_name:valkey\r\nvalkey_version:8.0.2\r\n").set_ifeq);
     }

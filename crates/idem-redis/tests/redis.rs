@@ -674,3 +674,123 @@ async fn unlink_prefix_removes_its_prefix_only() {
         0
     );
 }
+
+/// Connects as a fresh ACL user that may not run scripts (`-@scripting`); the user is
+/// deleted by [`drop_user`].
+async fn no_script_store(h: &RedisHarness) -> (RedisStore, String) {
+    let mut admin = h.admin().await;
+    let user = format!("idem-noscript-{}", uuid::Uuid::new_v4().simple());
+    let password = uuid::Uuid::new_v4().simple().to_string();
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(&user)
+        .arg("on")
+        .arg(format!(">{password}"))
+        .arg(format!("~{}:*", h.prefix))
+        .arg("+@all")
+        .arg("-@scripting")
+        .query_async::<()>(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    let url = h
+        .url
+        .replacen("redis://", &format!("redis://{user}:{password}@"), 1);
+    let store = RedisStore::connect(&url, h.options())
+        .await
+        .expect("connect as the ACL user");
+    (store, user)
+}
+
+async fn drop_user(h: &RedisHarness, user: &str) {
+    let mut admin = h.admin().await;
+    let _: () = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(user)
+        .query_async(&mut admin)
+        .await
+        .expect("ACL DELUSER");
+}
+
+/// The hot path needs no script where the server allows: on Valkey a fresh claim, its
+/// completion and the replay all work for a user forbidden to run scripts; on Redis 7
+/// the fresh claim and the replay do, and completion (a script there) is refused. A
+/// heartbeat rewrites the value, so the completion after it goes to the script.
+#[tokio::test]
+async fn fresh_claim_and_completion_run_without_scripts() {
+    for h in [RedisHarness::new().await, RedisHarness::valkey().await]
+        .into_iter()
+        .flatten()
+    {
+        let (store, user) = no_script_store(&h).await;
+        let ifeq = store.server().set_ifeq;
+        let t = fresh_tenant();
+        let req = request(&t, "no-script", "p", "a");
+        let token = proceed(store.claim(&req).await.unwrap());
+        assert_eq!(token.kind, ClaimKind::Fresh);
+        assert!(token.written.is_some());
+        // The same intent while it runs: in progress, answered from the value.
+        assert!(matches!(
+            store
+                .claim(&request(&t, "no-script", "p", "b"))
+                .await
+                .unwrap(),
+            Claim::InProgress { .. }
+        ));
+        let finished = store
+            .finish(
+                &token,
+                idem_core::Finish {
+                    state: RecordState::Succeeded,
+                    result: Some(result("made")),
+                },
+            )
+            .await;
+        if ifeq {
+            let rec = finished.expect("completion without a script");
+            assert_eq!(rec.state, RecordState::Succeeded);
+            assert_eq!(rec.version, 2);
+            assert_eq!(store.get(&req.scope).await.unwrap(), Some(rec.clone()));
+            match store
+                .claim(&request(&t, "no-script", "p", "c"))
+                .await
+                .unwrap()
+            {
+                Claim::Replay(r) => assert_eq!(r, rec),
+                other => panic!("expected a replay, got {other:?}"),
+            }
+            // A second completion of the same token lost its compare and is refused
+            // by the script path, which this user may not run.
+            assert!(store
+                .finish(
+                    &token,
+                    idem_core::Finish {
+                        state: RecordState::Succeeded,
+                        result: None,
+                    }
+                )
+                .await
+                .is_err());
+        } else {
+            let err = finished.expect_err("Redis 7 completes with a script");
+            assert!(err.to_string().contains("NOPERM"), "{err}");
+        }
+        drop_user(&h, &user).await;
+
+        // With scripts: heartbeat, then completion, then a stale completion.
+        let store = h.store().await.unwrap();
+        let req = request(&t, "beat", "p", "a");
+        let token = proceed(store.claim(&req).await.unwrap());
+        store
+            .extend_lease(&token, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let done = idem_core::Finish {
+            state: RecordState::Succeeded,
+            result: Some(result("ok")),
+        };
+        let rec = store.finish(&token, done.clone()).await.unwrap();
+        assert_eq!(rec.version, token.version + 1);
+        let err = store.finish(&token, done).await.unwrap_err();
+        assert!(err.is_superseded(), "{err}");
+    }
+}
