@@ -20,7 +20,7 @@ use tower::Service;
 
 use crate::auth::Identity;
 use crate::body::{boxed, declared_too_large, read_limited, Body, BoxError, ReadError};
-use crate::config::{InProgressMode, ResolvedRules, StoreUnavailableMode};
+use crate::config::{ClaimMode, InProgressMode, ResolvedRules, StoreUnavailableMode};
 use crate::headers::{read_key, KeyHeaderError};
 use crate::layer::Shared;
 use crate::metrics::Decision;
@@ -131,6 +131,17 @@ where
     ResB::Error: Into<BoxError>,
 {
     let metrics = &shared.metrics;
+    if rules.claim == ClaimMode::InTransaction {
+        return crate::execute::execute_in_transaction(
+            shared.clone(),
+            inner,
+            parts,
+            body,
+            claim_request,
+            rules,
+        )
+        .await;
+    }
     let claimed = pipeline::claim(
         shared.store.as_ref(),
         &shared.wakeups,
@@ -144,17 +155,41 @@ where
         Ok((Turn::Proceed(token), _)) => {
             if let (ClaimKind::Fresh, Some(archive)) = (&token.kind, &shared.archive) {
                 if let Some(answer) =
-                    crate::retention::check_archive(&shared, archive, &token).await
+                    crate::retention::check_archive(&shared, archive, &token.scope, Some(&token))
+                        .await
                 {
                     return answer;
                 }
             }
             crate::execute::execute(shared.clone(), inner, parts, body, token).await
         }
-        Ok((Turn::Replay(record), _)) => {
+        Ok((turn, waited)) => answer(&shared, turn, waited, &rules).await,
+        Err(e)
+            if e.is_unavailable()
+                && rules.on_store_unavailable == StoreUnavailableMode::FailOpen =>
+        {
+            tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing open");
+            metrics.decision(Decision::Bypassed);
+            let request = Request::from_parts(parts, ReqB::from(body));
+            pass_through(inner, request).await
+        }
+        Err(e) => store_failed(&shared, &e, scope),
+    }
+}
+
+/// The answer to a claim that did not proceed: a replay, a mismatch or in progress.
+pub(crate) async fn answer(
+    shared: &Shared,
+    turn: Turn,
+    waited: bool,
+    rules: &ResolvedRules,
+) -> Response<Body> {
+    let metrics = &shared.metrics;
+    match turn {
+        Turn::Replay(record) => {
             metrics.decision(Decision::Replayed);
             if crate::retention::is_dropped(&record) {
-                return crate::retention::replay_dropped(&shared, &record).await;
+                return crate::retention::replay_dropped(shared, &record).await;
             }
             shared.capture.replay(&record).unwrap_or_else(|| {
                 Problem::new(
@@ -167,7 +202,7 @@ where
                 .response()
             })
         }
-        Ok((Turn::Mismatch, _)) => {
+        Turn::Mismatch => {
             metrics.decision(Decision::Mismatch);
             Problem::new(
                 ProblemKind::KeyReused,
@@ -177,7 +212,7 @@ where
             )
             .response()
         }
-        Ok((Turn::InProgress { .. }, waited)) => {
+        Turn::InProgress { .. } => {
             metrics.decision(Decision::InProgress);
             let retry_after = match rules.in_progress {
                 InProgressMode::Reject { retry_after } if !waited => retry_after,
@@ -185,32 +220,43 @@ where
             };
             in_progress(retry_after)
         }
-        Err(e) if e.is_unavailable() => {
-            if rules.on_store_unavailable == StoreUnavailableMode::FailOpen {
-                tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing open");
-                metrics.decision(Decision::Bypassed);
-                let request = Request::from_parts(parts, ReqB::from(body));
-                return pass_through(inner, request).await;
-            }
-            tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing closed");
-            metrics.decision(Decision::Unavailable);
-            Problem::new(
-                ProblemKind::StoreUnavailable,
-                "the request was not executed; retry with the same key",
-            )
-            .retry_after(shared.config.store_unavailable_retry_after)
-            .response()
-        }
-        Err(e) => {
-            tracing::error!(error = %e, %scope, "idempotency store error");
+        Turn::Proceed(token) => {
+            // Callers act on a claim that proceeded themselves.
+            tracing::error!(scope = %token.scope, "a claim that proceeded reached the answer path");
             metrics.decision(Decision::StoreError);
             Problem::new(
                 ProblemKind::StoreError,
-                "the request was not executed; the idempotency store answered with an error",
+                "the request was not executed; retry with the same key",
             )
             .response()
         }
     }
+}
+
+/// The answer when the store failed: fail closed.
+pub(crate) fn store_failed(
+    shared: &Shared,
+    e: &idem_core::StoreError,
+    scope: &Scope,
+) -> Response<Body> {
+    let metrics = &shared.metrics;
+    if e.is_unavailable() {
+        tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing closed");
+        metrics.decision(Decision::Unavailable);
+        return Problem::new(
+            ProblemKind::StoreUnavailable,
+            "the request was not executed; retry with the same key",
+        )
+        .retry_after(shared.config.store_unavailable_retry_after)
+        .response();
+    }
+    tracing::error!(error = %e, %scope, "idempotency store error");
+    metrics.decision(Decision::StoreError);
+    Problem::new(
+        ProblemKind::StoreError,
+        "the request was not executed; the idempotency store answered with an error",
+    )
+    .response()
 }
 
 fn in_progress(retry_after: Duration) -> Response<Body> {

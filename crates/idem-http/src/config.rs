@@ -42,6 +42,22 @@ pub enum StoreUnavailableMode {
     FailOpen,
 }
 
+/// Where the claim of a keyed request commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimMode {
+    /// The layer claims before the handler runs (a commit of its own) and the handler,
+    /// or the layer, finishes the record afterwards. Right for handlers that act on the
+    /// outside world (a payment provider, another service) before they commit.
+    #[default]
+    Ahead,
+    /// The handler claims inside its business transaction
+    /// ([`crate::TransactionalClaim::deferred_request`]) and finishes there, so an
+    /// idempotent write costs one commit; a concurrent duplicate waits on the unique
+    /// index until the first commits, and a crash rolls the claim back with the rows.
+    /// Only for handlers whose every effect is in that transaction.
+    InTransaction,
+}
+
 /// A per-route (and optionally per-method) override. `route` is a pattern matched
 /// against the request's concrete path: literal segments, `{name}` for one segment, a
 /// final `*` or `{*name}` for any rest — so a router's template (`/v1/orders/{id}`)
@@ -54,6 +70,7 @@ pub struct RouteRule {
     pub key: Option<KeyRule>,
     pub in_progress: Option<InProgressMode>,
     pub on_store_unavailable: Option<StoreUnavailableMode>,
+    pub claim: Option<ClaimMode>,
 }
 
 impl RouteRule {
@@ -66,7 +83,13 @@ impl RouteRule {
             key: None,
             in_progress: None,
             on_store_unavailable: None,
+            claim: None,
         }
+    }
+
+    pub fn claim(mut self, mode: ClaimMode) -> Self {
+        self.claim = Some(mode);
+        self
     }
 
     pub fn method(mut self, method: Method) -> Self {
@@ -111,6 +134,7 @@ pub struct ResolvedRules {
     pub key: KeyRule,
     pub in_progress: InProgressMode,
     pub on_store_unavailable: StoreUnavailableMode,
+    pub claim: ClaimMode,
 }
 
 /// The layer's configuration. `Default` is what one line in an app gets.
@@ -238,6 +262,7 @@ impl IdempotencyConfig {
             },
             in_progress: self.in_progress,
             on_store_unavailable: self.on_store_unavailable,
+            claim: ClaimMode::Ahead,
         };
         // Of the rules matching the path, the most specific wins (a literal segment over
         // `{id}`), the first listed among equals: order in the list never lets a
@@ -261,6 +286,9 @@ impl IdempotencyConfig {
             }
             if let Some(m) = rule.on_store_unavailable {
                 resolved.on_store_unavailable = m;
+            }
+            if let Some(m) = rule.claim {
+                resolved.claim = m;
             }
         }
         resolved

@@ -23,15 +23,18 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use idem_core::{ClaimToken, Finish, Record, RecordState};
+use std::time::Duration;
+
+use idem_core::{Claim, ClaimRequest, ClaimToken, Finish, Record, RecordState};
 use tower::Service;
 use tracing::Instrument;
 
 use crate::body::{full, Body, BoxError};
+use crate::config::ResolvedRules;
 use crate::headers::IDEMPOTENCY_EXPIRES;
 use crate::layer::Shared;
 use crate::metrics::{Decision, ExecutionOutcome, FinishedBy};
-use crate::pipeline::{self, FinishPolicy, NotFinished, Ran, Running, TooLarge};
+use crate::pipeline::{self, Claimed, FinishPolicy, NotFinished, Ran, Running, TooLarge, Turn};
 use crate::problem::{Problem, ProblemKind, ProblemResponse};
 use crate::transactional::TransactionalClaim;
 
@@ -115,6 +118,156 @@ where
     }
 }
 
+/// Executes the handler of an in-transaction route ([`crate::ClaimMode::InTransaction`]):
+/// nothing is claimed before it runs; the handler claims in its business transaction.
+/// Afterwards the layer answers by what happened there: committed (the handler's
+/// response), a claim that did not proceed (its replay, mismatch or in-progress answer),
+/// or no committed claim at all (refused before writing, failed, lost its commit), in
+/// which case the key is claimed now, as on any route, and that claim decides.
+pub(crate) async fn execute_in_transaction<S, ReqB, B>(
+    shared: Arc<Shared>,
+    inner: S,
+    mut parts: Parts,
+    body: Bytes,
+    req: ClaimRequest,
+    rules: ResolvedRules,
+) -> Response<Body>
+where
+    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    ReqB: From<Bytes> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    // A key moved to the archive is absent from the records: the claim in the
+    // transaction would take it for fresh.
+    if let Some(archive) = &shared.archive {
+        if let Some(answer) =
+            crate::retention::check_archive(&shared, archive, &req.scope, None).await
+        {
+            return answer;
+        }
+    }
+    let claim = TransactionalClaim::deferred(req.clone(), shared.capture.clone());
+    parts.extensions.insert(claim.clone());
+    let request = Request::from_parts(parts, ReqB::from(body));
+    let running = shared.executions.start();
+    let scope = req.scope.clone();
+    let task = tokio::spawn(
+        run_in_transaction(shared.clone(), inner, request, req, claim, rules, running)
+            .instrument(tracing::Span::current()),
+    );
+    match task.await {
+        Ok(response) => response,
+        Err(join_error) => {
+            // Nothing was claimed outside the handler's transaction, which rolled back.
+            tracing::error!(%scope, error = %join_error, "idempotency task failed");
+            Problem::new(
+                ProblemKind::ExecutionFailed,
+                "the request failed; retry with the same key",
+            )
+            .response()
+        }
+    }
+}
+
+async fn run_in_transaction<S, ReqB, B>(
+    shared: Arc<Shared>,
+    inner: S,
+    request: Request<ReqB>,
+    req: ClaimRequest,
+    claim: TransactionalClaim,
+    rules: ResolvedRules,
+    _running: Running,
+) -> Response<Body>
+where
+    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let ended = run_to_end(&shared, inner, request, None).await;
+    let (response, finish, outcome) = settle(&shared, &req.scope, ended);
+    if let Some(record) = claim.take_finished() {
+        shared.metrics.decision(Decision::Executed);
+        shared
+            .metrics
+            .execution(outcome_of(record.state), FinishedBy::Handler);
+        shared.wakeups.wake(&req.scope);
+        return with_expiry(&shared, response, Some(record));
+    }
+    if let Some(answer) = claim.take_answer() {
+        let turn = match answer {
+            Claim::Replay(record) => Some(Turn::Replay(record)),
+            Claim::Mismatch { .. } => Some(Turn::Mismatch),
+            Claim::InProgress {
+                lease_expires_at,
+                now,
+                ..
+            } => Some(Turn::InProgress {
+                lease_left: Duration::from_millis(
+                    u64::try_from(lease_expires_at.saturating_sub(now)).unwrap_or(0),
+                ),
+            }),
+            // A handler that proceeded and did not commit: decided below.
+            Claim::Proceed(_) => None,
+        };
+        if let Some(turn) = turn {
+            return crate::claim::answer(&shared, turn, false, &rules).await;
+        }
+    }
+    let claimed = pipeline::claim(
+        shared.store.as_ref(),
+        &shared.wakeups,
+        &req,
+        rules.in_progress,
+        &shared.executions,
+    )
+    .await;
+    match claimed {
+        Ok(Claimed {
+            turn: Turn::Proceed(token),
+            ..
+        }) => {
+            shared.metrics.decision(Decision::Executed);
+            if outcome == ExecutionOutcome::Succeeded {
+                // The handler answered success without committing a claim in its
+                // transaction: whatever it wrote was not protected by the key.
+                tracing::warn!(scope = %req.scope, "handler on an in-transaction route succeeded without claiming in its transaction");
+            }
+            let finished = finish_claim(&shared, &token, finish).await;
+            if let Some((record, by)) = &finished {
+                shared.metrics.execution(outcome, *by);
+                tracing::debug!(scope = %req.scope, state = %record.state, "in-transaction route finished by the layer");
+            }
+            shared.wakeups.wake(&req.scope);
+            with_expiry(&shared, response, finished.map(|(record, _)| record))
+        }
+        Ok(Claimed { turn, waited }) => crate::claim::answer(&shared, turn, waited, &rules).await,
+        Err(e) => crate::claim::store_failed(&shared, &e, &req.scope),
+    }
+}
+
+/// Adds `Idempotency-Expires` for a record that reached a final state.
+fn with_expiry(
+    shared: &Shared,
+    mut response: Response<Body>,
+    record: Option<Record>,
+) -> Response<Body> {
+    if let Some(completed_at) = record
+        .filter(|r| r.state.is_terminal())
+        .and_then(|r| r.completed_at)
+    {
+        response.headers_mut().insert(
+            IDEMPOTENCY_EXPIRES,
+            shared.capture.expires_header(completed_at),
+        );
+    }
+    response
+}
+
 async fn run_under_claim<S, ReqB, B>(
     shared: Arc<Shared>,
     inner: S,
@@ -130,6 +283,49 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let ended = run_to_end(&shared, inner, request, Some(&token)).await;
+    let (response, finish, outcome) = settle(&shared, &token.scope, ended);
+    let finished = match claim.take_finished() {
+        Some(record) => {
+            shared
+                .metrics
+                .execution(outcome_of(record.state), FinishedBy::Handler);
+            Some(record)
+        }
+        None => {
+            let finished = finish_claim(&shared, &token, finish).await;
+            if let Some((record, by)) = &finished {
+                let outcome = match by {
+                    FinishedBy::Layer => outcome,
+                    FinishedBy::Handler => outcome_of(record.state),
+                };
+                shared.metrics.execution(outcome, *by);
+            }
+            finished.map(|(record, _)| record)
+        }
+    };
+    // Written before waking: a waiter either sees the record or is woken.
+    shared.wakeups.wake(&token.scope);
+
+    with_expiry(&shared, response, finished)
+}
+
+/// Runs the handler to its end: bounded by the execution timeout, renewing `lease_of`'s
+/// lease meanwhile (an in-transaction claim has no committed record to renew), and cut
+/// off by the shutdown.
+async fn run_to_end<S, ReqB, B>(
+    shared: &Shared,
+    inner: S,
+    request: Request<ReqB>,
+    lease_of: Option<&ClaimToken>,
+) -> Ended<B>
+where
+    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     let config = &shared.config;
     let work = tokio::time::timeout(
         config.execution_timeout,
@@ -137,22 +333,39 @@ where
     );
     // Leaving the run drops the handler's future: a timed-out or cut-off handler is
     // cancelled, and an open transaction of its rolls back.
-    let ended = match pipeline::under_lease(
-        shared.store.as_ref(),
-        &token,
-        config.lease,
-        &shared.executions,
-        work,
-    )
-    .await
-    {
+    let ran = match lease_of {
+        Some(token) => {
+            pipeline::under_lease(
+                shared.store.as_ref(),
+                token,
+                config.lease,
+                &shared.executions,
+                work,
+            )
+            .await
+        }
+        None => pipeline::until_cut_off(&shared.executions, work).await,
+    };
+    match ran {
         Ran::Done(Ok(ended)) => ended,
         Ran::Done(Err(_elapsed)) => Ended::Failed(Failure::TimedOut),
         Ran::CutOff => Ended::Failed(Failure::CutOff),
-    };
+    }
+}
 
+/// The response to send and how to finish the record, from how the run ended.
+fn settle<B>(
+    shared: &Shared,
+    scope: &idem_core::Scope,
+    ended: Ended<B>,
+) -> (Response<Body>, Finish, ExecutionOutcome)
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let config = &shared.config;
     let capture = &shared.capture;
-    let (mut response, finish, outcome) = match ended {
+    match ended {
         Ended::Responded(parts, captured) => {
             let status = parts.status;
             let state = capture.classify(status);
@@ -178,7 +391,7 @@ where
                 ),
                 Failure::ServiceError(e) => {
                     // The error text is for the log; clients get a stable message.
-                    tracing::error!(scope = %token.scope, error = %e, "the handler failed");
+                    tracing::error!(scope = %scope, error = %e, "the handler failed");
                     (
                         ProblemKind::ExecutionFailed,
                         "the handler failed; retry with the same key".to_owned(),
@@ -186,7 +399,7 @@ where
                     )
                 }
                 Failure::BodyFailed(e) => {
-                    tracing::error!(scope = %token.scope, error = %e, "the response body failed");
+                    tracing::error!(scope = %scope, error = %e, "the response body failed");
                     (
                         ProblemKind::ExecutionFailed,
                         "the response body failed; retry with the same key".to_owned(),
@@ -194,7 +407,7 @@ where
                     )
                 }
                 Failure::CutOff => {
-                    tracing::warn!(scope = %token.scope, "execution cut off by the shutdown");
+                    tracing::warn!(scope = %scope, "execution cut off by the shutdown");
                     (
                         ProblemKind::ExecutionFailed,
                         "the server shut down before the request finished; retry with the \
@@ -218,38 +431,7 @@ where
             };
             (Problem::new(kind, detail).response(), finish, outcome)
         }
-    };
-
-    let finished = match claim.take_finished() {
-        Some(record) => {
-            shared
-                .metrics
-                .execution(outcome_of(record.state), FinishedBy::Handler);
-            Some(record)
-        }
-        None => {
-            let finished = finish_claim(&shared, &token, finish).await;
-            if let Some((record, by)) = &finished {
-                let outcome = match by {
-                    FinishedBy::Layer => outcome,
-                    FinishedBy::Handler => outcome_of(record.state),
-                };
-                shared.metrics.execution(outcome, *by);
-            }
-            finished.map(|(record, _)| record)
-        }
-    };
-    // Written before waking: a waiter either sees the record or is woken.
-    shared.wakeups.wake(&token.scope);
-
-    if let Some(record) = finished.filter(|r| r.state.is_terminal()) {
-        if let Some(completed_at) = record.completed_at {
-            response
-                .headers_mut()
-                .insert(IDEMPOTENCY_EXPIRES, capture.expires_header(completed_at));
-        }
     }
-    response
 }
 
 /// Calls the handler and reads its response body, catching panics at every step that

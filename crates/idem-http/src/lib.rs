@@ -104,7 +104,8 @@ pub mod transactional;
 
 pub use auth::{Authenticate, BearerTokens, Identity, TokenConflict, Unauthenticated};
 pub use config::{
-    IdempotencyConfig, InProgressMode, KeyRule, ResolvedRules, RouteRule, StoreUnavailableMode,
+    ClaimMode, IdempotencyConfig, InProgressMode, KeyRule, ResolvedRules, RouteRule,
+    StoreUnavailableMode,
 };
 pub use headers::{
     IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_RECONSTRUCTED,

@@ -352,6 +352,18 @@ pub async fn under_lease<F: Future>(
     }
 }
 
+/// Drives `work` until it ends or `cut_off` is cancelled (a run with no lease to renew).
+pub async fn until_cut_off<F: Future>(cut_off: &Executions, work: F) -> Ran<F::Output> {
+    if cut_off.is_cancelled() {
+        return Ran::CutOff;
+    }
+    tokio::select! {
+        biased;
+        out = work => Ran::Done(out),
+        _ = cut_off.cancelled() => Ran::CutOff,
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Finishing the record
 

@@ -81,10 +81,10 @@
 //!
 //! This module owns the handle only; it must not start or commit transactions.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use http::{HeaderMap, StatusCode};
-use idem_core::{ClaimToken, Finish, Record, RecordState};
+use idem_core::{Claim, ClaimRequest, ClaimToken, Finish, Record, RecordState};
 
 use crate::replay::Capture;
 
@@ -96,25 +96,70 @@ pub struct TransactionalClaim {
 
 #[derive(Debug)]
 struct Inner {
+    /// The layer's claim; on a [`ClaimMode::InTransaction`](crate::ClaimMode) route a
+    /// provisional token until the handler claims.
     token: ClaimToken,
+    /// Set on an in-transaction route: what the handler must claim in its transaction.
+    deferred: Option<ClaimRequest>,
+    /// The token the handler's own claim returned.
+    claimed: OnceLock<ClaimToken>,
+    /// The handler's claim did not proceed: the layer answers with this instead.
+    answer: Mutex<Option<Claim>>,
     capture: Arc<Capture>,
     finished: Mutex<Option<Record>>,
 }
 
 impl TransactionalClaim {
     pub(crate) fn new(token: ClaimToken, capture: Arc<Capture>) -> Self {
+        Self::build(token, None, capture)
+    }
+
+    /// For an in-transaction route: nothing is claimed yet.
+    pub(crate) fn deferred(req: ClaimRequest, capture: Arc<Capture>) -> Self {
+        let provisional = ClaimToken::of(&req, 0, 0, 0, idem_core::ClaimKind::Fresh);
+        Self::build(provisional, Some(req), capture)
+    }
+
+    fn build(token: ClaimToken, deferred: Option<ClaimRequest>, capture: Arc<Capture>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 token,
+                deferred,
+                claimed: OnceLock::new(),
+                answer: Mutex::new(None),
                 capture,
                 finished: Mutex::new(None),
             }),
         }
     }
 
+    /// On a [`ClaimMode::InTransaction`](crate::ClaimMode) route: the claim the handler
+    /// must make inside its business transaction (`claim_in_tx`), before its writes.
+    /// Then [`claimed`](Self::claimed) with the token if it proceeded, or
+    /// [`answered`](Self::answered) with the store's answer and return at once (rolling
+    /// back). `None` when the layer already claimed.
+    pub fn deferred_request(&self) -> Option<&ClaimRequest> {
+        self.inner.deferred.as_ref()
+    }
+
+    /// The handler's claim in its transaction proceeded with `token`.
+    pub fn claimed(&self, token: ClaimToken) {
+        let _ = self.inner.claimed.set(token);
+    }
+
+    /// The handler's claim did not proceed (replay, in progress, mismatch): the layer
+    /// answers with it, whatever the handler returns.
+    pub fn answered(&self, claim: Claim) {
+        *self
+            .inner
+            .answer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(claim);
+    }
+
     /// The token to pass to the store's `finish_in_tx`.
     pub fn token(&self) -> &ClaimToken {
-        &self.inner.token
+        self.inner.claimed.get().unwrap_or(&self.inner.token)
     }
 
     /// How to finish the record for a response the handler is about to return: the same
@@ -143,6 +188,15 @@ impl TransactionalClaim {
     pub(crate) fn take_finished(&self) -> Option<Record> {
         self.inner
             .finished
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// The store's answer to the handler's claim, if it did not proceed.
+    pub(crate) fn take_answer(&self) -> Option<Claim> {
+        self.inner
+            .answer
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()

@@ -51,7 +51,7 @@ use crate::error::{Error, OrderError};
 use crate::freeze::{self, FreezeRequest, FreezeScope, FreezeWhat};
 use crate::ledgers::{self, OrderFilter, ShowSeed};
 use crate::metrics::OrdersMetrics;
-use crate::service::{NewOrder, Orders, PayAnswer, Unit};
+use crate::service::{Created, NewOrder, Orders, PayAnswer, Unit};
 use crate::views::{OrderList, OrderView};
 
 /// Problem `type`s of this service: `https://idem.dev/problems/orders/{slug}`.
@@ -547,11 +547,27 @@ async fn create(
         // The incident's first request: slow upstream work before the write.
         tokio::time::sleep(slow.commit_after).await;
     }
-    let unit = state
+    let deferred = claim.and_then(TransactionalClaim::deferred_request);
+    let created = state
         .orders
-        .create(caller.tenant(), &req, key, route)
+        .create(caller.tenant(), &req, key, route, deferred)
         .await
         .map_err(|e| rejected(state, e))?;
+    let unit = match created {
+        Created::Written(unit, token) => {
+            if let (Some(claim), Some(token)) = (claim, token) {
+                claim.claimed(token);
+            }
+            *unit
+        }
+        Created::Answered(answer) => {
+            // The layer answers from the claim; this response is not sent.
+            if let Some(claim) = claim {
+                claim.answered(answer);
+            }
+            return Ok(StatusCode::CONFLICT.into_response());
+        }
+    };
     let location = format!("/v1/orders/{}", unit.value.order_id);
     let answer = Answer::json(StatusCode::CREATED, &unit.value, Some(location))?;
     commit(state, unit, claim, &answer).await?;

@@ -53,6 +53,8 @@ pub use chain::{Chain, ChainHandle, ChainOptions, NatsOptions, TransportConfig};
 pub use db::{Database, DatabaseOptions, DEFAULT_URL};
 pub use error::{Error, OrderError};
 pub use freeze::{Freeze, FreezeChange, FreezeRequest, FreezeScope, FreezeWhat};
+/// Where a route claims its idempotency key (see [`ServiceOptions::create_claim`]).
+pub use idem_http::ClaimMode;
 pub use machine::{IllegalTransition, OrderEvent, OrderStatus};
 pub use server::{
     bind, serve, ApiKey, App, DevCredentials, HttpTimeouts, ServeConfig, Server, ServiceOptions,

@@ -27,7 +27,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use idem_core::{OutcomePolicy, Principal, TenantId};
 use idem_http::{
-    BearerTokens, IdempotencyConfig, IdempotencyLayer, IdempotencyMetrics, Identity,
+    BearerTokens, ClaimMode, IdempotencyConfig, IdempotencyLayer, IdempotencyMetrics, Identity,
     InProgressMode, KeyRule, RouteRule,
 };
 use idem_lease::LeaseMetrics;
@@ -253,6 +253,9 @@ pub struct ServiceOptions {
     /// How long a claim holds PROCESSING before another request may take it over
     /// (renewed while the handler runs). Default 60 s.
     pub claim_lease: Duration,
+    /// Where `POST /v1/orders` claims its key: in the order's transaction (one commit,
+    /// the default) or ahead of it (a commit of its own, as pay and cancel do).
+    pub create_claim: ClaimMode,
     pub orders: OrdersOptions,
     pub timeouts: HttpTimeouts,
     /// Also serve `/metrics`, without credentials, on this address (an internal
@@ -274,6 +277,7 @@ impl Default for ServiceOptions {
             legacy_route: false,
             in_progress_wait: Duration::from_secs(10),
             claim_lease: Duration::from_secs(60),
+            create_claim: ClaimMode::InTransaction,
             orders: OrdersOptions::default(),
             timeouts: HttpTimeouts::default(),
             metrics_listen: None,
@@ -319,7 +323,11 @@ pub struct App {
 }
 
 /// The idempotency layer's configuration for this service.
-pub fn idempotency_config(in_progress_wait: Duration, claim_lease: Duration) -> IdempotencyConfig {
+pub fn idempotency_config(
+    in_progress_wait: Duration,
+    claim_lease: Duration,
+    create_claim: ClaimMode,
+) -> IdempotencyConfig {
     IdempotencyConfig::default()
         .lease(claim_lease)
         // Duplicates of a request in flight wait for it and replay its answer.
@@ -333,6 +341,13 @@ pub fn idempotency_config(in_progress_wait: Duration, claim_lease: Duration) -> 
             server_errors_terminal: false,
         })
         .route(RouteRule::new(LEGACY_ROUTE).key(KeyRule::Ignored))
+        // A create writes only to the database: its claim commits with the order. Pay
+        // and cancel call the payment provider first, so they claim ahead.
+        .route(
+            RouteRule::new("/v1/orders")
+                .method(axum::http::Method::POST)
+                .claim(create_claim),
+        )
 }
 
 fn random_secret(prefix: &str) -> String {
@@ -419,8 +434,11 @@ impl App {
         };
         let chain = Chain::new(orders.clone(), transport, config.options.chain.clone()).await?;
 
-        let idem_config =
-            idempotency_config(config.options.in_progress_wait, config.options.claim_lease);
+        let idem_config = idempotency_config(
+            config.options.in_progress_wait,
+            config.options.claim_lease,
+            config.options.create_claim,
+        );
         let openapi = crate::openapi::spec(&idem_config, config.options.legacy_route);
         let store = database.idempotency_store();
         let auth: Arc<dyn idem_http::Authenticate> = Arc::new(auth);

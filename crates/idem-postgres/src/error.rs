@@ -50,6 +50,12 @@ pub fn map_err(what: &str, err: sqlx::Error) -> StoreError {
     }
 }
 
+/// Whether `map_err` made this error of SQLSTATE 55P03 (`lock_not_available`: a
+/// `lock_timeout` ran out).
+pub(crate) fn is_lock_timeout(err: &StoreError) -> bool {
+    matches!(err, StoreError::Backend(message) if message.contains(" [55P03]: "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -313,7 +313,24 @@ impl PgStore {
         conn: &mut PgConnection,
         req: &ClaimRequest,
     ) -> Result<Claim, StoreError> {
-        self.claim_on(conn, req).await
+        match self.claim_on(conn, req).await {
+            // Waited on a duplicate's uncommitted record past the session's
+            // `lock_timeout`: that request is still in progress.
+            Err(e) if crate::error::is_lock_timeout(&e) => {
+                let now = idem_core::retention::millis(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default(),
+                );
+                tracing::info!(scope = %req.scope, "claim in transaction waited past the lock timeout");
+                Ok(Claim::InProgress {
+                    owner: None,
+                    lease_expires_at: now,
+                    now,
+                })
+            }
+            other => other,
+        }
     }
 
     /// Finishes inside the caller's transaction, so the completion commits with the

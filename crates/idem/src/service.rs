@@ -42,6 +42,22 @@ pub struct ServeArgs {
     pub tuning: ServeTuning,
 }
 
+/// `--create-claim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CreateClaim {
+    InTransaction,
+    Ahead,
+}
+
+impl From<CreateClaim> for idem_orders::ClaimMode {
+    fn from(c: CreateClaim) -> Self {
+        match c {
+            CreateClaim::InTransaction => idem_orders::ClaimMode::InTransaction,
+            CreateClaim::Ahead => idem_orders::ClaimMode::Ahead,
+        }
+    }
+}
+
 /// Timings and names a deployment (or a chaos campaign) may change; the defaults suit
 /// one service per database.
 #[derive(Debug, Clone, clap::Args)]
@@ -67,6 +83,11 @@ pub struct ServeTuning {
     /// arrival (for demonstrations and controls only).
     #[arg(long)]
     pub legacy_route: bool,
+    /// Where `POST /v1/orders` claims its key: `in-transaction` (one commit with the
+    /// order; a duplicate waits for it) or `ahead` (a commit of its own before the order,
+    /// as pay and cancel do).
+    #[arg(long, value_enum, default_value_t = CreateClaim::InTransaction)]
+    pub create_claim: CreateClaim,
     /// JetStream stream holding the outbox topics.
     #[arg(long, default_value = "IDEM_ORDERS", requires = "nats_url")]
     pub nats_stream: String,
@@ -215,6 +236,7 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
             legacy_route: tuning.legacy_route,
             in_progress_wait: tuning.in_progress_wait,
             claim_lease: tuning.claim_lease,
+            create_claim: tuning.create_claim.into(),
             orders: idem_orders::OrdersOptions {
                 lease_timings: idem_orders::LeaseTimings {
                     ttl: tuning.lease_ttl,

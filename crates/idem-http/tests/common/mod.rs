@@ -241,6 +241,8 @@ pub struct SwitchableStore {
     pub inner: SqliteStore,
     pub down: Arc<AtomicBool>,
     pub finishes: Arc<AtomicUsize>,
+    /// Claims made through this store (not those a handler makes in its transaction).
+    pub claims: Arc<AtomicUsize>,
 }
 
 impl SwitchableStore {
@@ -249,6 +251,7 @@ impl SwitchableStore {
             inner,
             down: Arc::default(),
             finishes: Arc::default(),
+            claims: Arc::default(),
         }
     }
     fn check(&self) -> Result<(), StoreError> {
@@ -267,6 +270,7 @@ impl IdempotencyStore for SwitchableStore {
     }
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         self.check()?;
+        self.claims.fetch_add(1, Ordering::SeqCst);
         self.inner.claim(req).await
     }
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {

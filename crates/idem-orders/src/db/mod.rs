@@ -182,6 +182,16 @@ impl Database {
         Ok(PoolConn(self.store.acquire().await?))
     }
 
+    /// Claims an idempotency key inside `tx`: the record commits or rolls back with the
+    /// business rows (a concurrent duplicate waits on the unique index meanwhile).
+    pub(crate) async fn claim_in_tx(
+        &self,
+        tx: &mut Tx,
+        req: &idem_core::ClaimRequest,
+    ) -> Result<idem_core::Claim, StoreError> {
+        self.store.claim_in_tx(&mut tx.0, req).await
+    }
+
     /// Finishes an idempotency claim inside `tx`: it commits with the business rows.
     pub(crate) async fn finish_in_tx(
         &self,

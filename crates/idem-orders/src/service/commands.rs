@@ -6,6 +6,7 @@
 //! caller finishes the idempotency record in it and commits once. It must not know
 //! HTTP, must not mint keys for retries, and never deletes a row.
 
+use idem_core::{Claim, ClaimRequest, ClaimToken};
 use idem_lease::LeaseGuard;
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +35,15 @@ pub(crate) struct Unit<T> {
     pub(crate) tx: Tx,
     pub(crate) value: T,
     pub(crate) lease: Option<LeaseGuard>,
+}
+
+/// What a create wrote, or the idempotency answer that stopped it.
+pub(crate) enum Created {
+    /// The rows, open in their transaction, and the token of the claim made in it.
+    Written(Box<Unit<OrderView>>, Option<ClaimToken>),
+    /// The claim in the transaction did not proceed (replay, in progress, mismatch):
+    /// nothing was written.
+    Answered(Claim),
 }
 
 /// The answer to a pay request.
@@ -67,14 +77,17 @@ impl Orders {
     }
 
     /// Validates and writes a new order: the order, its hold, its stock and its
-    /// `order.created` message, in one open transaction.
+    /// `order.created` message, in one open transaction. With `claim` the idempotency
+    /// key is claimed first in that transaction, so the order and its record commit
+    /// once, together.
     pub(crate) async fn create(
         &self,
         tenant: &str,
         req: &NewOrder,
         key: Option<&str>,
         route: &'static str,
-    ) -> Result<Unit<OrderView>, OrderError> {
+        claim: Option<&ClaimRequest>,
+    ) -> Result<Created, OrderError> {
         check_name("user_id", &req.user_id)?;
         check_name("show_id", &req.show_id)?;
         if let Some(s) = &req.client_session {
@@ -87,6 +100,13 @@ impl Orders {
         }
         let now = now_ms();
         let mut tx = self.inner.db.begin().await?;
+        let token = match claim {
+            Some(claim) => match self.inner.db.claim_in_tx(&mut tx, claim).await? {
+                Claim::Proceed(token) => Some(token),
+                other => return Ok(Created::Answered(other)),
+            },
+            None => None,
+        };
         let mut c = tx.conn();
         let show = ledgers::show(&mut c, tenant, &req.show_id)
             .await?
@@ -141,11 +161,12 @@ impl Orders {
         .await?;
         ledgers::emit(&mut c, &order, topics::ORDER_CREATED, now).await?;
         self.inner.metrics.created(route);
-        Ok(Unit {
+        let unit = Unit {
             tx,
             value: OrderView::summary(&order, Some(&hold)),
             lease: None,
-        })
+        };
+        Ok(Created::Written(Box::new(unit), token))
     }
 
     /// Pays an order: charges the provider under `pay:{order}` and confirms it, or
