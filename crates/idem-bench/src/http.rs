@@ -124,7 +124,12 @@ async fn serve(app: Router) -> Result<(String, tokio::task::JoinHandle<()>), Ben
 
 /// Runs `op(task, seq)` from `concurrency` tasks for `phase`; counts Ok(true) as done,
 /// Ok(false) as an error response.
-async fn drive<F, Fut>(name: &str, concurrency: usize, phase: Duration, op: F) -> PhaseRate
+pub(crate) async fn drive<F, Fut>(
+    name: &str,
+    concurrency: usize,
+    phase: Duration,
+    op: F,
+) -> PhaseRate
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,

@@ -9,6 +9,8 @@
 //! - [`gateway`]: the gateway against the upstream directly and nginx, plus a duplicate
 //!   storm that must cost one upstream call (upstream: `idem-stub`).
 //! - [`sweep`]: sweeping expired records, and what it costs claims beside it.
+//! - [`orders`]: the order service's create with a key (one and two commits) against
+//!   the same create without one.
 //! - [`reconcile`]: the reconcile dry run's scan against a raw ordered SELECT.
 //! - [`demo`]: the 20:14 incident replayed with and without idem.
 //!
@@ -20,6 +22,7 @@ pub mod cleanup;
 pub mod demo;
 pub mod gateway;
 pub mod http;
+pub mod orders;
 pub mod reconcile;
 pub mod saturation;
 pub mod sweep;

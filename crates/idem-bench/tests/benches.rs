@@ -183,14 +183,11 @@ async fn http_bench_measures_postgres_when_told_to() {
     if http_bench_on(&url, "postgres").await.is_none() {
         return;
     }
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let left: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name LIKE 'idem_bench_http_%'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(left, 0, "the bench schema is dropped");
+    assert_eq!(
+        schemas_like(&url, "idem_bench_http_%").await,
+        0,
+        "the bench schema is dropped"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,4 +209,60 @@ async fn http_bench_measures_redis_when_told_to() {
         .await
         .unwrap();
     assert!(keys.is_empty(), "bench keys left behind: {}", keys.len());
+}
+
+async fn orders_bench_on(
+    url: Option<&str>,
+    backend: &str,
+) -> Option<idem_bench::orders::OrdersBenchReport> {
+    let report = idem_bench::orders::bench(idem_bench::orders::OrdersBenchOptions {
+        database_url: url.map(str::to_owned),
+        concurrency: 2,
+        duration: Duration::from_millis(600),
+    })
+    .await;
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            idem_conformance::skip_or_fail(backend, &e);
+            return None;
+        }
+    };
+    assert_eq!(report.backend, backend);
+    for side in [&report.plain, &report.one_commit, &report.two_commit] {
+        assert!(side.ok > 0, "{} made no orders on {backend}", side.phase);
+        assert_eq!(side.errors, 0, "{} had errors on {backend}", side.phase);
+    }
+    assert!(report.one_commit_vs_plain > 0.0 && report.two_commit_vs_plain > 0.0);
+    assert!(!report.saturation.saturated.is_empty());
+    Some(report)
+}
+
+/// The order service's create, keyed and not, through its real handler: every request
+/// answered 201 on every side, on SQLite and on PostgreSQL (whose schema is dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_bench_smoke() {
+    orders_bench_on(None, "sqlite")
+        .await
+        .expect("SQLite needs no server");
+    let url = std::env::var("IDEM_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if orders_bench_on(Some(&url), "postgres").await.is_none() {
+        return;
+    }
+    assert_eq!(
+        schemas_like(&url, "idem_bench_orders_%").await,
+        0,
+        "the bench schema is dropped"
+    );
+}
+
+/// How many schemas on the server at `url` match the LIKE `pattern`.
+async fn schemas_like(url: &str, pattern: &str) -> i64 {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name LIKE $1")
+        .bind(pattern)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
 }

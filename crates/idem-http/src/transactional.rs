@@ -8,6 +8,14 @@
 //! record again. A handler that ignores the claim changes nothing: the layer finishes
 //! the record from the response as usual.
 //!
+//! On a route configured with [`ClaimMode::InTransaction`](crate::ClaimMode) nothing is
+//! claimed before the handler runs: the handler claims
+//! ([`deferred_request`](TransactionalClaim::deferred_request), the store's `claim_in_tx`)
+//! as the first write of its transaction, reports the token with
+//! [`claimed`](TransactionalClaim::claimed) — or the store's other answer with
+//! [`answered`](TransactionalClaim::answered), returning at once — and finishes and
+//! commits as above: one commit for the record and the rows.
+//!
 //! ```
 //! use axum::extract::State;
 //! use axum::http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, StatusCode};

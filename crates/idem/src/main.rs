@@ -385,6 +385,21 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// POST /v1/orders through the order service's handler with fresh keys (claim in the
+    /// order's transaction, and claim ahead) against the same create without a key, in
+    /// one run, on the database `--database-url` names (a schema of its own, removed
+    /// afterwards) or a temporary SQLite file
+    Orders {
+        /// Concurrent clients, each ordering from a show of its own.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Seconds per side (spread over alternating slices).
+        #[arg(long, default_value_t = 6.0)]
+        duration: f64,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
     /// Sweep N expired records: records/s, claim p99 with vs without the sweep, bytes
     /// per record in each tier.
     Sweep {
@@ -793,6 +808,33 @@ async fn run(
                 print_json(&report);
             } else {
                 println!("{}", serde_json::to_string_pretty(&report).expect("report"));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            command:
+                BenchCommand::Orders {
+                    concurrency,
+                    duration,
+                    json,
+                },
+        } => {
+            if !(duration.is_finite() && duration > 0.0) || concurrency == 0 {
+                return Err(StoreError::InvalidInput(
+                    "--duration and --concurrency must be positive".into(),
+                ));
+            }
+            let report = idem_bench::orders::bench(idem_bench::orders::OrdersBenchOptions {
+                database_url: explicit_url,
+                concurrency,
+                duration: Duration::from_secs_f64(duration),
+            })
+            .await
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+            if json {
+                print_json(&report);
+            } else {
+                idem_bench::orders::print_human(&report);
             }
             Ok(ExitCode::SUCCESS)
         }
