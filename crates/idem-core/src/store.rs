@@ -226,6 +226,42 @@ impl StoreLimits {
     }
 }
 
+impl StoreLimits {
+    /// A record inserted whole and final (the one-commit create): a valid claim, a
+    /// result within the limit, and a final outcome.
+    pub fn check_final(&self, req: &ClaimRequest, finish: &Finish) -> Result<(), StoreError> {
+        self.check_claim(req)?;
+        self.check_finish(finish)?;
+        if !finish.state.is_terminal() {
+            return Err(StoreError::InvalidInput(format!(
+                "a record inserted final must be SUCCEEDED or FAILED_TERMINAL, not {}",
+                finish.state
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The record a store wrote when it inserted `req`'s key whole with `finish`'s outcome
+/// at store time `at`: version 1, first attempt, no lease.
+pub fn final_record(req: &ClaimRequest, finish: Finish, at: Millis) -> Record {
+    Record {
+        tenant: req.scope.tenant.clone(),
+        key: req.scope.key.clone(),
+        principal: req.principal.clone(),
+        fingerprint: req.fingerprint,
+        state: finish.state,
+        version: 1,
+        owner: Some(req.owner.clone()),
+        lease_expires_at: None,
+        result: finish.result,
+        attempts: 1,
+        created_at: at,
+        updated_at: at,
+        completed_at: Some(at),
+    }
+}
+
 /// Leases must be positive and bounded.
 pub fn check_lease(lease: Duration) -> Result<(), StoreError> {
     if lease.is_zero() || lease > MAX_LEASE {

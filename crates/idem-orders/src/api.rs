@@ -548,29 +548,43 @@ async fn create(
         tokio::time::sleep(slow.commit_after).await;
     }
     let deferred = claim.and_then(TransactionalClaim::deferred_request);
-    let created = state
-        .orders
-        .create(caller.tenant(), &req, key, route, deferred)
-        .await
-        .map_err(|e| rejected(state, e))?;
-    let unit = match created {
-        Created::Written(unit, token) => {
-            if let (Some(claim), Some(token)) = (claim, token) {
-                claim.claimed(token);
-            }
-            *unit
+    let first_try = match (claim, deferred) {
+        (Some(claim), Some(deferred)) => {
+            create_final(state, caller, claim, deferred, &req, key, route).await?
         }
-        Created::Answered(answer) => {
-            // The layer answers from the claim; this response is not sent.
-            if let Some(claim) = claim {
-                claim.answered(answer);
-            }
-            return Ok(StatusCode::CONFLICT.into_response());
+        _ => None,
+    };
+    let answer = match first_try {
+        Some(answer) => answer,
+        // The key has a record (or this is not an in-transaction claim): claim first,
+        // in a new transaction.
+        None => {
+            let created = state
+                .orders
+                .create(caller.tenant(), &req, key, route, deferred)
+                .await
+                .map_err(|e| rejected(state, e))?;
+            let unit = match created {
+                Created::Written(unit, token) => {
+                    if let (Some(claim), Some(token)) = (claim, token) {
+                        claim.claimed(token);
+                    }
+                    *unit
+                }
+                Created::Answered(answer) => {
+                    // The layer answers from the claim; this response is not sent.
+                    if let Some(claim) = claim {
+                        claim.answered(answer);
+                    }
+                    return Ok(StatusCode::CONFLICT.into_response());
+                }
+            };
+            let location = format!("/v1/orders/{}", unit.value.order_id);
+            let answer = Answer::json(StatusCode::CREATED, &unit.value, Some(location))?;
+            commit(state, unit, claim, &answer).await?;
+            answer
         }
     };
-    let location = format!("/v1/orders/{}", unit.value.order_id);
-    let answer = Answer::json(StatusCode::CREATED, &unit.value, Some(location))?;
-    commit(state, unit, claim, &answer).await?;
     if let (Some(hook), Some(_)) = (&faults.after_create_commit, claim) {
         // The drill: the order and its record are committed, the response not yet sent.
         tracing::warn!("fault injected after the create committed");
@@ -581,6 +595,55 @@ async fn create(
         tokio::time::sleep(slow.respond_after).await;
     }
     Ok(answer.into_response())
+}
+
+/// The first try of a create on an in-transaction claim: the order's rows, then its
+/// record inserted whole and final in the same transaction, so the record is one row
+/// written once and the create one commit. `None` when the key has a record — seen
+/// before writing, or committed meanwhile by a duplicate (whose row the insert waited
+/// on) — after which nothing of this try remains and the caller claims first.
+async fn create_final(
+    state: &AppState,
+    caller: &Caller,
+    claim: &TransactionalClaim,
+    deferred: &idem_core::ClaimRequest,
+    req: &NewOrder,
+    key: Option<&str>,
+    route: &'static str,
+) -> Result<Option<Answer>, ApiError> {
+    let store = state.db().idempotency_store();
+    let known = store
+        .get(&deferred.scope)
+        .await
+        .map_err(|e| ApiError::internal(&e.into()))?;
+    if known.is_some() {
+        return Ok(None);
+    }
+    let created = state
+        .orders
+        .create(caller.tenant(), req, key, route, None)
+        .await
+        .map_err(|e| rejected(state, e))?;
+    let Created::Written(unit, _) = created else {
+        return Ok(None);
+    };
+    let Unit { mut tx, value, .. } = *unit;
+    let location = format!("/v1/orders/{}", value.order_id);
+    let answer = Answer::json(StatusCode::CREATED, &value, Some(location))?;
+    let finish = claim.finish_for(answer.status, &answer.headers(), &answer.body);
+    let record = state
+        .db()
+        .insert_final_in_tx(&mut tx, deferred, finish)
+        .await
+        .map_err(|e| ApiError::internal(&e.into()))?;
+    let Some(record) = record else {
+        // A duplicate's record is there: this try rolls back (the transaction drops).
+        return Ok(None);
+    };
+    tx.commit().await?;
+    claim.finished_in_transaction(record);
+    state.orders.signal_outbox();
+    Ok(Some(answer))
 }
 
 async fn pay_order(

@@ -26,7 +26,32 @@ on_both_stores!(
     key_state_query_is_tenant_scoped,
     public_endpoints,
     a_claim_left_past_its_lease_shows_in_a_gauge,
+    a_create_writes_its_record_once_and_final,
 );
+
+/// The one-commit create: the record is inserted whole with the order (version 1, no
+/// lease, never PROCESSING), and a retry replays it.
+async fn a_create_writes_its_record_once_and_final(env: Env) {
+    let s = env.start().await;
+    let key = format!("final-{}", uuid::Uuid::now_v7());
+    let first = s.create(T1, &key, "U-1", "S-204", 1).await;
+    assert_eq!((first.status, first.replayed), (201, false));
+    let scope = idem_core::Scope::new(
+        idem_core::TenantId::new("t1").unwrap(),
+        idem_core::IdempotencyKey::new(&key).unwrap(),
+    );
+    let store = s.server.orders().database().idempotency_store();
+    let record = store.get(&scope).await.unwrap().expect("the record");
+    assert_eq!(record.state, idem_core::RecordState::Succeeded);
+    assert_eq!((record.version, record.attempts), (1, 1), "written once");
+    assert_eq!(record.lease_expires_at, None);
+    assert_eq!(record.result.as_ref().map(|r| r.status), Some(201));
+    let again = s.create(T1, &key, "U-1", "S-204", 1).await;
+    assert_eq!((again.status, again.replayed), (201, true));
+    assert_eq!(again.bytes, first.bytes);
+    let counts = s.server.orders().counts("t1").await.unwrap();
+    assert_eq!(counts.orders, 1);
+}
 
 /// The seed's check: 8 concurrent creates with one key → 1 INSERT and 8 answers with
 /// the same order id (7 of them replays).

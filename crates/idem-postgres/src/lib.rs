@@ -333,6 +333,46 @@ impl PgStore {
         }
     }
 
+    /// The one-commit create's record: `req`'s key written once, already final
+    /// (`finish` must be SUCCEEDED or FAILED_TERMINAL), inside the caller's transaction.
+    /// `None` when the key has a record (or a duplicate's uncommitted one outlived the
+    /// session's `lock_timeout`): nothing was written, roll the business rows back and
+    /// claim the key instead.
+    pub async fn insert_final_in_tx(
+        &self,
+        conn: &mut PgConnection,
+        req: &ClaimRequest,
+        finish: Finish,
+    ) -> Result<Option<Record>, StoreError> {
+        self.limits.check_final(req, &finish)?;
+        let result = finish.result.as_ref();
+        let headers = result.map(|r| idem_core::row::headers_json(&r.headers));
+        let created: Option<i64> = match sqlx::query_scalar(&self.sql.insert_final)
+            .bind(req.scope.tenant.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(req.principal.as_str())
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(finish.state.as_str())
+            .bind(req.owner.as_str())
+            .bind(result.map(|r| i32::from(r.status)))
+            .bind(headers.as_deref())
+            .bind(result.map(|r| r.body.as_slice()))
+            .bind(result.and_then(|r| r.result_ref.as_deref()))
+            .bind(self.clock.millis())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("insert_final", e))
+        {
+            Ok(created) => created,
+            Err(e) if error::is_lock_timeout(&e) => None,
+            Err(e) => return Err(e),
+        };
+        Ok(created.map(|at| {
+            self.recent.note(&req.scope);
+            idem_core::store::final_record(req, finish, at)
+        }))
+    }
+
     /// Finishes inside the caller's transaction, so the completion commits with the
     /// business write. A lost compare-and-set returns `Superseded`: the caller must roll
     /// back its business write.

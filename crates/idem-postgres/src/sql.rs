@@ -52,6 +52,10 @@ pub(crate) struct Statements {
     pub finish: String,
     /// `tenant_id`, `key`, version, owner, shift, lease ms.
     pub extend: String,
+    /// A final record inserted whole, unless the key has one. `tenant_id`, `key`,
+    /// `principal`, `fingerprint`, state, owner, status, headers, body, ref, shift ms.
+    /// Returns `created_at` or nothing.
+    pub insert_final: String,
     /// `tenant_id`, `key`.
     pub get: String,
     /// Table name as a string literal parameter for `to_regclass`.
@@ -190,6 +194,19 @@ impl Statements {
              RETURNING r.lease_expires_at"
         );
 
+        // The one-commit create: the record is written once, final, in the business
+        // transaction; a duplicate's uncommitted row makes this wait, then do nothing.
+        let insert_final = format!(
+            "INSERT INTO {t} (tenant_id, key, principal, fingerprint, state, version, owner,
+                              lease_expires_at, attempts, created_at, updated_at, completed_at,
+                              result_status, result_headers, result_body, result_ref)
+             SELECT $1, $2, $3, $4, $5, 1, $6, NULL, 1, c.now_ms, c.now_ms, c.now_ms,
+                    $7, $8::jsonb, $9, $10
+             FROM (SELECT {CLOCK} + $11 AS now_ms) c
+             ON CONFLICT (tenant_id, key) DO NOTHING
+             RETURNING created_at"
+        );
+
         let get = format!(
             "SELECT {} FROM {t} r WHERE r.tenant_id = $1 AND r.key = $2",
             cols("r")
@@ -222,6 +239,7 @@ impl Statements {
             take_over,
             finish,
             extend,
+            insert_final,
             get,
             guard,
             table: t,

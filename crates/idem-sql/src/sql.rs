@@ -225,6 +225,21 @@ impl SqlStore {
         }
     }
 
+    /// Inserts `req`'s record whole and final inside `tx` (the one-commit create); `None`
+    /// when the key has a record and nothing was written (roll back, then claim).
+    pub async fn insert_final_in_tx(
+        &self,
+        tx: &mut Transaction,
+        req: &ClaimRequest,
+        finish: Finish,
+    ) -> Result<Option<Record>, StoreError> {
+        match (&self.db, &mut tx.tx) {
+            (Db::Sqlite(s), Tx::Sqlite(t)) => s.insert_final_in_tx(t, req, finish).await,
+            (Db::Postgres(p), Tx::Postgres(t)) => p.insert_final_in_tx(t, req, finish).await,
+            _ => Err(foreign_transaction()),
+        }
+    }
+
     /// Finishes a claim inside `tx`, so the completion commits with the business write.
     /// A lost compare-and-set is `Superseded`: roll the business write back.
     pub async fn finish_in_tx(

@@ -223,6 +223,47 @@ impl SqliteStore {
         claim_on(conn, &self.clock, None, req).await
     }
 
+    /// The one-commit create's record: `req`'s key written once, already final, on the
+    /// caller's transaction (which holds the write lock, so a duplicate waits for its
+    /// commit). `None` when the key has a record: nothing was written; roll back and
+    /// claim the key instead.
+    pub async fn insert_final_in_tx(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &ClaimRequest,
+        finish: Finish,
+    ) -> Result<Option<Record>, StoreError> {
+        self.limits.check_final(req, &finish)?;
+        let now = now_on(conn, &self.clock).await?;
+        let result = finish.result.as_ref();
+        let headers = result.map(|r| headers_json(&r.headers));
+        let inserted = sqlx::query(
+            "INSERT INTO idem_records (tenant_id, key, principal, fingerprint, state, version, \
+               owner, lease_expires_at, attempts, created_at, updated_at, completed_at, \
+               result_status, result_headers, result_body, result_ref) \
+             VALUES (?, ?, ?, ?, ?, 1, ?, NULL, 1, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (tenant_id, key) DO NOTHING",
+        )
+        .bind(req.scope.tenant.as_str())
+        .bind(req.scope.key.as_str())
+        .bind(req.principal.as_str())
+        .bind(&req.fingerprint.as_bytes()[..])
+        .bind(finish.state.as_str())
+        .bind(req.owner.as_str())
+        .bind(now)
+        .bind(now)
+        .bind(now)
+        .bind(result.map(|r| i64::from(r.status)))
+        .bind(headers)
+        .bind(result.map(|r| r.body.as_slice()))
+        .bind(result.and_then(|r| r.result_ref.as_deref()))
+        .execute(&mut *conn)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok((inserted == 1).then(|| idem_core::store::final_record(req, finish, now)))
+    }
+
     /// Finish on the caller's transaction: a lost compare-and-set returns
     /// [`StoreError::Superseded`] and the caller rolls its business write back.
     pub async fn finish_in_tx(

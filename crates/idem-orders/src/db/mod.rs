@@ -192,6 +192,17 @@ impl Database {
         self.store.claim_in_tx(&mut tx.0, req).await
     }
 
+    /// Writes an idempotency record whole and final inside `tx` (the one-commit create);
+    /// `None` when the key already has one.
+    pub(crate) async fn insert_final_in_tx(
+        &self,
+        tx: &mut Tx,
+        req: &idem_core::ClaimRequest,
+        finish: Finish,
+    ) -> Result<Option<Record>, StoreError> {
+        self.store.insert_final_in_tx(&mut tx.0, req, finish).await
+    }
+
     /// Finishes an idempotency claim inside `tx`: it commits with the business rows.
     pub(crate) async fn finish_in_tx(
         &self,
