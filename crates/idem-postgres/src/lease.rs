@@ -216,11 +216,49 @@ CREATE TRIGGER idem_leases_no_truncate BEFORE TRUNCATE ON idem_leases
     FOR EACH STATEMENT EXECUTE FUNCTION idem_leases_keep_token();
 "#;
 
+/// Migration 9: the holder's release is recorded in place on the lease row (one update,
+/// no event insert), and moves into the next grant's `acquired` event, which carries it
+/// in its `released_*` columns. The stored events are `idem_lease_event_rows`;
+/// `idem_lease_events` is a view that shows those releases as events of their own, so
+/// every reader sees each release once. A release takes its id from the events'
+/// sequence when it happens, so it keeps its place among the events in id order.
+pub(crate) const RELEASE_IN_PLACE_SQL: &str = r#"
+SET LOCAL lock_timeout = '10s';
+ALTER TABLE idem_lease_events RENAME TO idem_lease_event_rows;
+ALTER SEQUENCE idem_lease_events_id_seq RENAME TO idem_lease_event_ids;
+ALTER INDEX idem_lease_events_name_idx RENAME TO idem_lease_event_rows_name_idx;
+ALTER INDEX idem_lease_events_at_idx RENAME TO idem_lease_event_rows_at_idx;
+ALTER TABLE idem_lease_event_rows
+    ADD COLUMN released_id bigint,
+    ADD COLUMN released_owner text,
+    ADD COLUMN released_token bigint,
+    ADD COLUMN released_acquired_at bigint,
+    ADD COLUMN released_expires_at bigint,
+    ADD COLUMN released_at bigint;
+ALTER TABLE idem_leases ADD COLUMN release_id bigint;
+CREATE VIEW idem_lease_events AS
+    SELECT id, name, kind, at, owner, token, acquired_at, expires_at, detail
+    FROM idem_lease_event_rows
+    UNION ALL
+    SELECT released_id, name, 'released', released_at, released_owner, released_token,
+           released_acquired_at, released_expires_at, NULL
+    FROM idem_lease_event_rows WHERE released_id IS NOT NULL
+    UNION ALL
+    SELECT release_id, name, 'released', ended_at, owner, token, acquired_at, expires_at, NULL
+    FROM idem_leases WHERE release_id IS NOT NULL;
+"#;
+
 /// The (possibly schema-qualified) lease tables.
 struct Tables {
     leases: String,
     tokens: String,
+    /// The evidence as read: a view over the stored events and the releases recorded
+    /// in place (migration 9).
     events: String,
+    /// The stored events, where evidence is written and trimmed.
+    event_rows: String,
+    /// The sequence every event id comes from, stored or recorded in place.
+    event_ids: String,
     fences: String,
 }
 
@@ -235,6 +273,8 @@ impl Tables {
             leases: q("idem_leases"),
             tokens: q("idem_lease_tokens"),
             events: q("idem_lease_events"),
+            event_rows: q("idem_lease_event_rows"),
+            event_ids: q("idem_lease_event_ids"),
             fences: q("idem_fences"),
         }
     }
@@ -315,21 +355,34 @@ async fn fast_update(
     ttl: Duration,
 ) -> Result<FastGrant, LeaseError> {
     let sql = format!(
-        "WITH u AS ( \
+        "WITH o AS ( \
+           SELECT owner, token, acquired_at, expires_at, ended_at, release_id \
+           FROM {leases} WHERE name = $1 AND ended_at IS NOT NULL FOR UPDATE \
+         ), u AS ( \
            UPDATE {leases} l SET owner = $2, token = l.token + 1, \
              (acquired_at, expires_at) = (SELECT n, n + $3 FROM \
                (SELECT {CLOCK} + $4 + 0 * l.token AS n) c), \
-             renewals = 0, ended_at = NULL \
-           WHERE name = $1 AND ended_at IS NOT NULL \
-           RETURNING token, acquired_at, expires_at \
+             renewals = 0, ended_at = NULL, release_id = NULL \
+           FROM o WHERE l.name = $1 AND l.ended_at IS NOT NULL \
+           RETURNING l.token, l.acquired_at, l.expires_at, o.release_id AS rel, \
+             o.owner AS r_owner, o.token AS r_token, o.acquired_at AS r_acquired, \
+             o.expires_at AS r_expires, o.ended_at AS r_at \
          ), ev AS ( \
-           {acquired} FROM u \
+           INSERT INTO {rows} (name, kind, at, owner, token, acquired_at, expires_at, \
+             released_id, released_owner, released_token, released_acquired_at, \
+             released_expires_at, released_at) \
+           SELECT $1, $5, acquired_at, $2, token, acquired_at, expires_at, rel, \
+             CASE WHEN rel IS NOT NULL THEN r_owner END, \
+             CASE WHEN rel IS NOT NULL THEN r_token END, \
+             CASE WHEN rel IS NOT NULL THEN r_acquired END, \
+             CASE WHEN rel IS NOT NULL THEN r_expires END, \
+             CASE WHEN rel IS NOT NULL THEN r_at END FROM u \
          ) \
          SELECT u.token, u.acquired_at, u.expires_at, \
            CASE WHEN u.token IS NULL THEN EXISTS (SELECT 1 FROM {leases} WHERE name = $1) END \
          FROM (SELECT 1) one LEFT JOIN u ON true",
         leases = t.leases,
-        acquired = acquired_event(t),
+        rows = t.event_rows,
     );
     let row: (Option<i64>, Option<i64>, Option<i64>, Option<bool>) =
         grant_query(&sql, name, owner, ttl, clock)
@@ -414,7 +467,7 @@ fn acquired_event(t: &Tables) -> String {
     format!(
         "INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
          SELECT $1, $5, acquired_at, $2, token, acquired_at, expires_at",
-        events = t.events
+        events = t.event_rows
     )
 }
 
@@ -445,24 +498,17 @@ async fn fast_release(
     token: FencingToken,
 ) -> Result<Option<Release>, LeaseError> {
     let row = sqlx::query(&format!(
-        "WITH d AS ( \
-           UPDATE {leases} SET ended_at = {CLOCK} + $4 \
-           WHERE name = $1 AND owner = $2 AND token = $3 AND ended_at IS NULL \
-             AND expires_at > {CLOCK} + $4 \
-           RETURNING owner, token, acquired_at, expires_at, renewals, ended_at AS now_ms \
-         ), ev AS ( \
-           INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
-           SELECT $1, $5, now_ms, owner, token, acquired_at, expires_at FROM d \
-         ) \
-         SELECT owner, token, acquired_at, expires_at, renewals, now_ms FROM d",
+        "UPDATE {leases} SET ended_at = {CLOCK} + $4, release_id = nextval('{ids}') \
+         WHERE name = $1 AND owner = $2 AND token = $3 AND ended_at IS NULL \
+           AND expires_at > {CLOCK} + $4 \
+         RETURNING owner, token, acquired_at, expires_at, renewals, ended_at AS now_ms",
         leases = t.leases,
-        events = t.events,
+        ids = t.event_ids,
     ))
     .bind(name.as_str())
     .bind(owner.as_str())
     .bind(token.get())
     .bind(clock.millis())
-    .bind(LeaseEventKind::Released.as_str())
     .fetch_optional(exec)
     .await
     .map_err(lerr("lease release"))?;
@@ -552,7 +598,7 @@ async fn record(
     sqlx::query(&format!(
         "INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at, detail) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        events = t.events,
+        events = t.event_rows,
     ))
     .bind(event.name.as_str())
     .bind(event.kind.as_str())
@@ -576,7 +622,7 @@ async fn end_lease(
     now: Millis,
 ) -> Result<(), LeaseError> {
     sqlx::query(&format!(
-        "UPDATE {leases} SET ended_at = $2 WHERE name = $1",
+        "UPDATE {leases} SET ended_at = $2, release_id = NULL WHERE name = $1",
         leases = t.leases
     ))
     .bind(name.as_str())
@@ -914,6 +960,21 @@ impl PgStore {
         let token = FencingToken::new(prior + 1);
         let lease = Lease::granted(name, owner, token, now, now.saturating_add(millis(ttl)));
         // One statement: counter, lease row (replacing an expired one) and evidence.
+        // A release recorded in place on the row being replaced becomes a stored event
+        // first (the row is locked: this statement sees it as it is).
+        sqlx::query(&format!(
+            "INSERT INTO {events} (id, name, kind, at, owner, token, acquired_at, expires_at) \
+             OVERRIDING SYSTEM VALUE \
+             SELECT release_id, name, $2, ended_at, owner, token, acquired_at, expires_at \
+             FROM {leases} WHERE name = $1 AND release_id IS NOT NULL",
+            leases = t.leases,
+            events = t.event_rows,
+        ))
+        .bind(name.as_str())
+        .bind(LeaseEventKind::Released.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(lerr("lease grant"))?;
         sqlx::query(&format!(
             "WITH counter AS ( \
                UPDATE {tokens} SET last_token = $2 WHERE name = $1 \
@@ -922,13 +983,14 @@ impl PgStore {
                VALUES ($1, $3, $2, $4, $5, 0) \
                ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
                  token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, \
-                 expires_at = EXCLUDED.expires_at, renewals = 0, ended_at = NULL \
+                 expires_at = EXCLUDED.expires_at, renewals = 0, ended_at = NULL, \
+                 release_id = NULL \
              ) \
              INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
              VALUES ($1, $6, $4, $3, $2, $4, $5)",
             tokens = t.tokens,
             leases = t.leases,
-            events = t.events,
+            events = t.event_rows,
         ))
         .bind(name.as_str())
         .bind(lease.token.get())
@@ -1020,7 +1082,7 @@ impl LeaseStore for PgStore {
         // (events trimmed past the retention window, or removed by hand).
         let granted: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT max(token) FROM {events} WHERE name = $1 AND kind = $2",
-            events = t.events,
+            events = t.event_rows,
         ))
         .bind(name.as_str())
         .bind(LeaseEventKind::Acquired.as_str())
@@ -1069,20 +1131,48 @@ impl LeaseStore for PgStore {
             .collect()
     }
 
-    /// One batch through the index on `at` (migration 7).
+    /// One batch through the index on `at` (migration 7), counting every event once:
+    /// releases carried by a newer grant's row, then stored rows (once nothing older is
+    /// carried on them), then releases still recorded on a lease row (migration 9).
     async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
         let t = self.lease_tables();
-        let done = sqlx::query(&format!(
-            "DELETE FROM {events} WHERE ctid = ANY (ARRAY( \
-               SELECT ctid FROM {events} WHERE at < $1 LIMIT $2))",
-            events = t.events,
-        ))
-        .bind(before)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&self.pool)
-        .await
-        .map_err(lerr("lease event trim"))?;
-        Ok(done.rows_affected())
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut done = 0u64;
+        let statements = [
+            format!(
+                "UPDATE {rows} SET released_id = NULL, released_owner = NULL, \
+                   released_token = NULL, released_acquired_at = NULL, \
+                   released_expires_at = NULL, released_at = NULL \
+                 WHERE ctid = ANY (ARRAY( \
+                   SELECT ctid FROM {rows} WHERE released_at < $1 LIMIT $2))",
+                rows = t.event_rows,
+            ),
+            format!(
+                "DELETE FROM {rows} WHERE ctid = ANY (ARRAY( \
+                   SELECT ctid FROM {rows} WHERE at < $1 AND released_id IS NULL LIMIT $2))",
+                rows = t.event_rows,
+            ),
+            format!(
+                "UPDATE {leases} SET release_id = NULL WHERE name = ANY (ARRAY( \
+                   SELECT name FROM {leases} WHERE release_id IS NOT NULL AND ended_at < $1 \
+                   LIMIT $2))",
+                leases = t.leases,
+            ),
+        ];
+        for sql in &statements {
+            let left = limit.saturating_sub(i64::try_from(done).unwrap_or(i64::MAX));
+            if left <= 0 {
+                break;
+            }
+            done += sqlx::query(sql)
+                .bind(before)
+                .bind(left)
+                .execute(&self.pool)
+                .await
+                .map_err(lerr("lease event trim"))?
+                .rows_affected();
+        }
+        Ok(done)
     }
 }
 

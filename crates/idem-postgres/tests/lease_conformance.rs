@@ -252,7 +252,18 @@ async fn kept_rows_migration_carries_leases_over() {
     // counter was only ever locked (0).
     admin
         .execute(
-            "DROP TRIGGER idem_leases_no_truncate ON idem_leases; \
+            "DROP VIEW idem_lease_events; \
+             ALTER TABLE idem_leases DROP COLUMN release_id; \
+             ALTER TABLE idem_lease_event_rows DROP COLUMN released_id, \
+               DROP COLUMN released_owner, DROP COLUMN released_token, \
+               DROP COLUMN released_acquired_at, DROP COLUMN released_expires_at, \
+               DROP COLUMN released_at; \
+             ALTER TABLE idem_lease_event_rows RENAME TO idem_lease_events; \
+             ALTER SEQUENCE idem_lease_event_ids RENAME TO idem_lease_events_id_seq; \
+             ALTER INDEX idem_lease_event_rows_name_idx RENAME TO idem_lease_events_name_idx; \
+             ALTER INDEX idem_lease_event_rows_at_idx RENAME TO idem_lease_events_at_idx; \
+             DELETE FROM idem_schema_migrations WHERE version = 9; \
+             DROP TRIGGER idem_leases_no_truncate ON idem_leases; \
              DROP TRIGGER idem_leases_keep_token ON idem_leases; \
              DROP TRIGGER idem_leases_token_guard ON idem_leases; \
              DROP TRIGGER idem_leases_insert_guard ON idem_leases; \
@@ -266,7 +277,7 @@ async fn kept_rows_migration_carries_leases_over() {
         )
         .await
         .unwrap();
-    assert_eq!(store.migrate().await.unwrap(), vec![8]);
+    assert_eq!(store.migrate().await.unwrap(), vec![8, 9]);
 
     let n = |s: &str| LeaseName::new(s).unwrap();
     let o = |s: &str| OwnerId::new(s).unwrap();
@@ -358,4 +369,63 @@ async fn lease_migration_is_version_2() {
             .await
             .unwrap();
     assert_eq!(name, "idem_leases");
+}
+
+/// Migration 9: the holder's release is one update of the lease row; the next grant
+/// carries it into its `acquired` row, and the evidence reads the same either way: each
+/// release once, in order, with its owner and token.
+#[tokio::test]
+async fn a_release_recorded_in_place_reads_as_its_own_event() {
+    let Some(h) = harness().await else { return };
+    let store = h.pg.store().await;
+    let mut admin = h.pg.admin().await;
+    let name = LeaseName::new(format!("in-place-{}", uuid::Uuid::new_v4().simple())).unwrap();
+    let o = |s: &str| OwnerId::new(s).unwrap();
+    let ttl = std::time::Duration::from_secs(30);
+    let a = store.try_acquire(&name, &o("a"), ttl).await.unwrap();
+    let a = a.granted().unwrap().clone();
+    store.release(&name, &o("a"), a.token).await.unwrap();
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idem_lease_event_rows WHERE name = $1")
+            .bind(name.as_str())
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(stored, 1, "the release wrote no event row");
+    let kinds = |events: &[idem_core::LeaseEvent]| {
+        events
+            .iter()
+            .map(|e| {
+                (
+                    e.kind,
+                    e.owner.as_ref().map(|o| o.as_str().to_owned()),
+                    e.token,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let released = (
+        idem_core::LeaseEventKind::Released,
+        Some("a".to_owned()),
+        Some(a.token),
+    );
+    let events = store.events(&name, 10).await.unwrap();
+    assert_eq!(kinds(&events)[1], released, "{events:?}");
+    let b = store.try_acquire(&name, &o("b"), ttl).await.unwrap();
+    let b = b.granted().unwrap().clone();
+    let events = store.events(&name, 10).await.unwrap();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(
+        kinds(&events)[1],
+        released,
+        "still once, before the next grant"
+    );
+    assert_eq!(kinds(&events)[2].2, Some(b.token));
+    let on_row: Option<i64> =
+        sqlx::query_scalar("SELECT release_id FROM idem_leases WHERE name = $1")
+            .bind(name.as_str())
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(on_row, None, "moved into the grant's row");
 }
