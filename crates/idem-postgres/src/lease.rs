@@ -20,8 +20,12 @@
 //!   that would lower `last_token`. With the row's token it makes sure tokens do not go
 //!   back after a release, an expiry, a deleted lease row, a restart, or an operator's
 //!   cleanup by hand.
-//! - `idem_lease_events`: the evidence (owner, token, acquire and expiry times, detail),
-//!   ordered by an identity column.
+//! - `idem_lease_event_rows`: the stored evidence (owner, token, acquire and expiry
+//!   times, detail), ids from the sequence `idem_lease_event_ids`. The holder's release
+//!   is not a row of its own (migration 9): it is recorded in place on the lease row
+//!   (`release_id`, its id drawn when it happens) and the next grant's `acquired` row
+//!   carries it (`released_*`). Read the evidence through the view `idem_lease_events`:
+//!   every event once, releases included, in id order.
 //! - `idem_fences(resource, last_token, lease_name, owner, updated_at)`: the last token
 //!   each protected resource accepted.
 //!
@@ -31,8 +35,8 @@
 //! (no insert or delete churn). The uncontended grant updates an ended row under its
 //! row lock, token + 1, and records `acquired`; concurrent grants wait on the lock and
 //! re-check the row (READ COMMITTED), so one wins. The holder's release is a
-//! compare-and-set on owner, token and a live lease that ends the row, with its
-//! `released` event. A locked change holds the row `FOR UPDATE`, so these wait for it.
+//! compare-and-set on owner, token and a live lease that ends the row and records the
+//! release on it. A locked change holds the row `FOR UPDATE`, so these wait for it.
 //! A name's first grant (no row) bumps the counter under its row lock (`INSERT … ON
 //! CONFLICT DO UPDATE`, which waits for a concurrent holder of the row and then sees its
 //! committed value), inserts the row unless one appeared meanwhile (`ON CONFLICT DO
