@@ -239,7 +239,14 @@ ALTER TABLE idem_lease_event_rows
     ADD COLUMN released_acquired_at bigint,
     ADD COLUMN released_expires_at bigint,
     ADD COLUMN released_at bigint;
-ALTER TABLE idem_leases ADD COLUMN release_id bigint;
+ALTER TABLE idem_leases
+    ADD COLUMN release_id bigint,
+    ADD COLUMN prev_owner text,
+    ADD COLUMN prev_token bigint,
+    ADD COLUMN prev_acquired_at bigint,
+    ADD COLUMN prev_expires_at bigint,
+    ADD COLUMN prev_ended_at bigint,
+    ADD COLUMN prev_release_id bigint;
 CREATE VIEW idem_lease_events AS
     SELECT id, name, kind, at, owner, token, acquired_at, expires_at, detail
     FROM idem_lease_event_rows
@@ -359,18 +366,20 @@ async fn fast_update(
     ttl: Duration,
 ) -> Result<FastGrant, LeaseError> {
     let sql = format!(
-        "WITH o AS ( \
-           SELECT owner, token, acquired_at, expires_at, ended_at, release_id \
-           FROM {leases} WHERE name = $1 AND ended_at IS NOT NULL FOR UPDATE \
-         ), u AS ( \
-           UPDATE {leases} l SET owner = $2, token = l.token + 1, \
+        // SET reads the row as it was: the ended tenure is kept in `prev_*`, and comes
+        // back in RETURNING for the event row to carry its in-place release.
+        "WITH u AS ( \
+           UPDATE {leases} l SET prev_owner = l.owner, prev_token = l.token, \
+             prev_acquired_at = l.acquired_at, prev_expires_at = l.expires_at, \
+             prev_ended_at = l.ended_at, prev_release_id = l.release_id, \
+             owner = $2, token = l.token + 1, \
              (acquired_at, expires_at) = (SELECT n, n + $3 FROM \
                (SELECT {CLOCK} + $4 + 0 * l.token AS n) c), \
              renewals = 0, ended_at = NULL, release_id = NULL \
-           FROM o WHERE l.name = $1 AND l.ended_at IS NOT NULL \
-           RETURNING l.token, l.acquired_at, l.expires_at, o.release_id AS rel, \
-             o.owner AS r_owner, o.token AS r_token, o.acquired_at AS r_acquired, \
-             o.expires_at AS r_expires, o.ended_at AS r_at \
+           WHERE name = $1 AND ended_at IS NOT NULL \
+           RETURNING token, acquired_at, expires_at, prev_release_id AS rel, \
+             prev_owner AS r_owner, prev_token AS r_token, prev_acquired_at AS r_acquired, \
+             prev_expires_at AS r_expires, prev_ended_at AS r_at \
          ), ev AS ( \
            INSERT INTO {rows} (name, kind, at, owner, token, acquired_at, expires_at, \
              released_id, released_owner, released_token, released_acquired_at, \

@@ -253,7 +253,10 @@ async fn kept_rows_migration_carries_leases_over() {
     admin
         .execute(
             "DROP VIEW idem_lease_events; \
-             ALTER TABLE idem_leases DROP COLUMN release_id; \
+             ALTER TABLE idem_leases DROP COLUMN release_id, DROP COLUMN prev_owner, \
+               DROP COLUMN prev_token, DROP COLUMN prev_acquired_at, \
+               DROP COLUMN prev_expires_at, DROP COLUMN prev_ended_at, \
+               DROP COLUMN prev_release_id; \
              ALTER TABLE idem_lease_event_rows DROP COLUMN released_id, \
                DROP COLUMN released_owner, DROP COLUMN released_token, \
                DROP COLUMN released_acquired_at, DROP COLUMN released_expires_at, \
