@@ -242,23 +242,35 @@ impl StoreLimits {
     }
 }
 
-/// The record a store wrote when it inserted `req`'s key whole with `finish`'s outcome
-/// at store time `at`: version 1, first attempt, no lease.
-pub fn final_record(req: &ClaimRequest, finish: Finish, at: Millis) -> Record {
+/// The record a fresh claim of `req` writes at store time `now`: PROCESSING, version 1,
+/// first attempt, leased until `deadline`.
+pub fn fresh_record(req: &ClaimRequest, now: Millis, deadline: Millis) -> Record {
     Record {
         tenant: req.scope.tenant.clone(),
         key: req.scope.key.clone(),
         principal: req.principal.clone(),
         fingerprint: req.fingerprint,
-        state: finish.state,
+        state: RecordState::Processing,
         version: 1,
         owner: Some(req.owner.clone()),
+        lease_expires_at: Some(deadline),
+        result: None,
+        attempts: 1,
+        created_at: now,
+        updated_at: now,
+        completed_at: None,
+    }
+}
+
+/// The record a store wrote when it inserted `req`'s key whole with `finish`'s outcome
+/// at store time `at`: version 1, first attempt, no lease.
+pub fn final_record(req: &ClaimRequest, finish: Finish, at: Millis) -> Record {
+    Record {
+        state: finish.state,
         lease_expires_at: None,
         result: finish.result,
-        attempts: 1,
-        created_at: at,
-        updated_at: at,
         completed_at: Some(at),
+        ..fresh_record(req, at, at)
     }
 }
 

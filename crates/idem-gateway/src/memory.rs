@@ -216,21 +216,7 @@ impl IdempotencyStore for MemoryStore {
                 )));
             }
             None => (
-                Record {
-                    tenant: req.scope.tenant.clone(),
-                    key: req.scope.key.clone(),
-                    principal: req.principal.clone(),
-                    fingerprint: req.fingerprint,
-                    state: RecordState::Processing,
-                    version: 1,
-                    owner: Some(req.owner.clone()),
-                    lease_expires_at: Some(deadline),
-                    result: None,
-                    attempts: 1,
-                    created_at: now,
-                    updated_at: now,
-                    completed_at: None,
-                },
+                idem_core::store::fresh_record(req, now, deadline),
                 ClaimKind::Fresh,
             ),
             Some(entry) => match verdict(entry.record.clone(), req, now) {

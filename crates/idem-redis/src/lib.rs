@@ -580,21 +580,7 @@ impl RedisStore {
     ) -> Result<Option<Claim>, StoreError> {
         let now = self.server_now().await?;
         let deadline = now.upper.saturating_add(lease_ms);
-        let fresh = Record {
-            tenant: req.scope.tenant.clone(),
-            key: req.scope.key.clone(),
-            principal: req.principal.clone(),
-            fingerprint: req.fingerprint,
-            state: RecordState::Processing,
-            version: 1,
-            owner: Some(req.owner.clone()),
-            lease_expires_at: Some(deadline),
-            result: None,
-            attempts: 1,
-            created_at: now.upper,
-            updated_at: now.upper,
-            completed_at: None,
-        };
+        let fresh = idem_core::store::fresh_record(req, now.upper, deadline);
         let value: Arc<[u8]> = codec::encode_record(&fresh)?.into();
         let mut conn = self.conn().await;
         let old: Option<Vec<u8>> = self.check(
