@@ -21,9 +21,9 @@
 //!   back after a release, an expiry, a deleted lease row, a restart, or an operator's
 //!   cleanup by hand.
 //! - `idem_lease_event_rows`: the stored evidence (owner, token, acquire and expiry
-//!   times, detail), ids from the sequence `idem_lease_event_ids`. The holder's release
-//!   is not a row of its own (migration 9): it is recorded in place on the lease row
-//!   (`release_id`, its id drawn when it happens) and the next grant's `acquired` row
+//!   times, detail), ordered by an identity column. The holder's release is not a row
+//!   of its own (migration 9): it is recorded in place on the lease row
+//!   (`release_after`: the name's last stored event then) and the next grant's `acquired` row
 //!   carries it (`released_*`). Read the evidence through the view `idem_lease_events`:
 //!   every event once, releases included, in id order.
 //! - `idem_fences(resource, last_token, lease_name, owner, updated_at)`: the last token
@@ -224,39 +224,40 @@ CREATE TRIGGER idem_leases_no_truncate BEFORE TRUNCATE ON idem_leases
 /// no event insert), and moves into the next grant's `acquired` event, which carries it
 /// in its `released_*` columns. The stored events are `idem_lease_event_rows`;
 /// `idem_lease_events` is a view that shows those releases as events of their own, so
-/// every reader sees each release once. A release takes its id from the events'
-/// sequence when it happens, so it keeps its place among the events in id order.
+/// every reader sees each release once. A release remembers the last stored event of
+/// its name when it happened (`release_after`), so in id order it sits right after it.
 pub(crate) const RELEASE_IN_PLACE_SQL: &str = r#"
 SET LOCAL lock_timeout = '10s';
 ALTER TABLE idem_lease_events RENAME TO idem_lease_event_rows;
-ALTER SEQUENCE idem_lease_events_id_seq RENAME TO idem_lease_event_ids;
 ALTER INDEX idem_lease_events_name_idx RENAME TO idem_lease_event_rows_name_idx;
 ALTER INDEX idem_lease_events_at_idx RENAME TO idem_lease_event_rows_at_idx;
 ALTER TABLE idem_lease_event_rows
-    ADD COLUMN released_id bigint,
+    ADD COLUMN released_after bigint,
     ADD COLUMN released_owner text,
     ADD COLUMN released_token bigint,
     ADD COLUMN released_acquired_at bigint,
     ADD COLUMN released_expires_at bigint,
     ADD COLUMN released_at bigint;
 ALTER TABLE idem_leases
-    ADD COLUMN release_id bigint,
+    ADD COLUMN release_after bigint,
     ADD COLUMN prev_owner text,
     ADD COLUMN prev_token bigint,
     ADD COLUMN prev_acquired_at bigint,
     ADD COLUMN prev_expires_at bigint,
     ADD COLUMN prev_ended_at bigint,
-    ADD COLUMN prev_release_id bigint;
+    ADD COLUMN prev_release_after bigint;
+-- Stored events at even ids; a release right after the stored event it followed.
 CREATE VIEW idem_lease_events AS
-    SELECT id, name, kind, at, owner, token, acquired_at, expires_at, detail
+    SELECT id * 2 AS id, name, kind, at, owner, token, acquired_at, expires_at, detail
     FROM idem_lease_event_rows
     UNION ALL
-    SELECT released_id, name, 'released', released_at, released_owner, released_token,
-           released_acquired_at, released_expires_at, NULL
-    FROM idem_lease_event_rows WHERE released_id IS NOT NULL
+    SELECT released_after * 2 + 1, name, 'released', released_at, released_owner,
+           released_token, released_acquired_at, released_expires_at, NULL
+    FROM idem_lease_event_rows WHERE released_after IS NOT NULL
     UNION ALL
-    SELECT release_id, name, 'released', ended_at, owner, token, acquired_at, expires_at, NULL
-    FROM idem_leases WHERE release_id IS NOT NULL;
+    SELECT release_after * 2 + 1, name, 'released', ended_at, owner, token, acquired_at,
+           expires_at, NULL
+    FROM idem_leases WHERE release_after IS NOT NULL;
 "#;
 
 /// The (possibly schema-qualified) lease tables.
@@ -268,8 +269,6 @@ struct Tables {
     events: String,
     /// The stored events, where evidence is written and trimmed.
     event_rows: String,
-    /// The sequence every event id comes from, stored or recorded in place.
-    event_ids: String,
     fences: String,
 }
 
@@ -285,7 +284,6 @@ impl Tables {
             tokens: q("idem_lease_tokens"),
             events: q("idem_lease_events"),
             event_rows: q("idem_lease_event_rows"),
-            event_ids: q("idem_lease_event_ids"),
             fences: q("idem_fences"),
         }
     }
@@ -371,18 +369,18 @@ async fn fast_update(
         "WITH u AS ( \
            UPDATE {leases} l SET prev_owner = l.owner, prev_token = l.token, \
              prev_acquired_at = l.acquired_at, prev_expires_at = l.expires_at, \
-             prev_ended_at = l.ended_at, prev_release_id = l.release_id, \
+             prev_ended_at = l.ended_at, prev_release_after = l.release_after, \
              owner = $2, token = l.token + 1, \
              (acquired_at, expires_at) = (SELECT n, n + $3 FROM \
                (SELECT {CLOCK} + $4 + 0 * l.token AS n) c), \
-             renewals = 0, ended_at = NULL, release_id = NULL \
+             renewals = 0, ended_at = NULL, release_after = NULL \
            WHERE name = $1 AND ended_at IS NOT NULL \
-           RETURNING token, acquired_at, expires_at, prev_release_id AS rel, \
+           RETURNING token, acquired_at, expires_at, prev_release_after AS rel, \
              prev_owner AS r_owner, prev_token AS r_token, prev_acquired_at AS r_acquired, \
              prev_expires_at AS r_expires, prev_ended_at AS r_at \
          ), ev AS ( \
            INSERT INTO {rows} (name, kind, at, owner, token, acquired_at, expires_at, \
-             released_id, released_owner, released_token, released_acquired_at, \
+             released_after, released_owner, released_token, released_acquired_at, \
              released_expires_at, released_at) \
            SELECT $1, $5, acquired_at, $2, token, acquired_at, expires_at, rel, \
              CASE WHEN rel IS NOT NULL THEN r_owner END, \
@@ -511,12 +509,13 @@ async fn fast_release(
     token: FencingToken,
 ) -> Result<Option<Release>, LeaseError> {
     let row = sqlx::query(&format!(
-        "UPDATE {leases} SET ended_at = {CLOCK} + $4, release_id = nextval('{ids}') \
+        "UPDATE {leases} SET ended_at = {CLOCK} + $4, \
+           release_after = coalesce((SELECT max(id) FROM {rows} WHERE name = $1), 0) \
          WHERE name = $1 AND owner = $2 AND token = $3 AND ended_at IS NULL \
            AND expires_at > {CLOCK} + $4 \
          RETURNING owner, token, acquired_at, expires_at, renewals, ended_at AS now_ms",
         leases = t.leases,
-        ids = t.event_ids,
+        rows = t.event_rows,
     ))
     .bind(name.as_str())
     .bind(owner.as_str())
@@ -635,7 +634,7 @@ async fn end_lease(
     now: Millis,
 ) -> Result<(), LeaseError> {
     sqlx::query(&format!(
-        "UPDATE {leases} SET ended_at = $2, release_id = NULL WHERE name = $1",
+        "UPDATE {leases} SET ended_at = $2, release_after = NULL WHERE name = $1",
         leases = t.leases
     ))
     .bind(name.as_str())
@@ -972,22 +971,10 @@ impl PgStore {
         }
         let token = FencingToken::new(prior + 1);
         let lease = Lease::granted(name, owner, token, now, now.saturating_add(millis(ttl)));
-        // One statement: counter, lease row (replacing an expired one) and evidence.
-        // A release recorded in place on the row being replaced becomes a stored event
-        // first (the row is locked: this statement sees it as it is).
-        sqlx::query(&format!(
-            "INSERT INTO {events} (id, name, kind, at, owner, token, acquired_at, expires_at) \
-             OVERRIDING SYSTEM VALUE \
-             SELECT release_id, name, $2, ended_at, owner, token, acquired_at, expires_at \
-             FROM {leases} WHERE name = $1 AND release_id IS NOT NULL",
-            leases = t.leases,
-            events = t.event_rows,
-        ))
-        .bind(name.as_str())
-        .bind(LeaseEventKind::Released.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(lerr("lease grant"))?;
+        // One statement: counter, lease row (replacing an expired one) and evidence. A
+        // release recorded in place on the row being replaced moves into the acquired
+        // row (the statement's snapshot has the row as it was; this transaction holds
+        // its lock).
         sqlx::query(&format!(
             "WITH counter AS ( \
                UPDATE {tokens} SET last_token = $2 WHERE name = $1 \
@@ -997,10 +984,15 @@ impl PgStore {
                ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, \
                  token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, \
                  expires_at = EXCLUDED.expires_at, renewals = 0, ended_at = NULL, \
-                 release_id = NULL \
+                 release_after = NULL \
              ) \
-             INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at) \
-             VALUES ($1, $6, $4, $3, $2, $4, $5)",
+             INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at, \
+               released_after, released_owner, released_token, released_acquired_at, \
+               released_expires_at, released_at) \
+             SELECT $1, $6, $4, $3, $2, $4, $5, l.release_after, l.owner, l.token, \
+               l.acquired_at, l.expires_at, l.ended_at \
+             FROM (SELECT 1) one LEFT JOIN {leases} l \
+               ON l.name = $1 AND l.release_after IS NOT NULL",
             tokens = t.tokens,
             leases = t.leases,
             events = t.event_rows,
@@ -1153,7 +1145,7 @@ impl LeaseStore for PgStore {
         let mut done = 0u64;
         let statements = [
             format!(
-                "UPDATE {rows} SET released_id = NULL, released_owner = NULL, \
+                "UPDATE {rows} SET released_after = NULL, released_owner = NULL, \
                    released_token = NULL, released_acquired_at = NULL, \
                    released_expires_at = NULL, released_at = NULL \
                  WHERE ctid = ANY (ARRAY( \
@@ -1162,12 +1154,12 @@ impl LeaseStore for PgStore {
             ),
             format!(
                 "DELETE FROM {rows} WHERE ctid = ANY (ARRAY( \
-                   SELECT ctid FROM {rows} WHERE at < $1 AND released_id IS NULL LIMIT $2))",
+                   SELECT ctid FROM {rows} WHERE at < $1 AND released_after IS NULL LIMIT $2))",
                 rows = t.event_rows,
             ),
             format!(
-                "UPDATE {leases} SET release_id = NULL WHERE name = ANY (ARRAY( \
-                   SELECT name FROM {leases} WHERE release_id IS NOT NULL AND ended_at < $1 \
+                "UPDATE {leases} SET release_after = NULL WHERE name = ANY (ARRAY( \
+                   SELECT name FROM {leases} WHERE release_after IS NOT NULL AND ended_at < $1 \
                    LIMIT $2))",
                 leases = t.leases,
             ),

@@ -253,16 +253,15 @@ async fn kept_rows_migration_carries_leases_over() {
     admin
         .execute(
             "DROP VIEW idem_lease_events; \
-             ALTER TABLE idem_leases DROP COLUMN release_id, DROP COLUMN prev_owner, \
+             ALTER TABLE idem_leases DROP COLUMN release_after, DROP COLUMN prev_owner, \
                DROP COLUMN prev_token, DROP COLUMN prev_acquired_at, \
                DROP COLUMN prev_expires_at, DROP COLUMN prev_ended_at, \
-               DROP COLUMN prev_release_id; \
-             ALTER TABLE idem_lease_event_rows DROP COLUMN released_id, \
+               DROP COLUMN prev_release_after; \
+             ALTER TABLE idem_lease_event_rows DROP COLUMN released_after, \
                DROP COLUMN released_owner, DROP COLUMN released_token, \
                DROP COLUMN released_acquired_at, DROP COLUMN released_expires_at, \
                DROP COLUMN released_at; \
              ALTER TABLE idem_lease_event_rows RENAME TO idem_lease_events; \
-             ALTER SEQUENCE idem_lease_event_ids RENAME TO idem_lease_events_id_seq; \
              ALTER INDEX idem_lease_event_rows_name_idx RENAME TO idem_lease_events_name_idx; \
              ALTER INDEX idem_lease_event_rows_at_idx RENAME TO idem_lease_events_at_idx; \
              DELETE FROM idem_schema_migrations WHERE version = 9; \
@@ -425,7 +424,7 @@ async fn a_release_recorded_in_place_reads_as_its_own_event() {
     );
     assert_eq!(kinds(&events)[2].2, Some(b.token));
     let on_row: Option<i64> =
-        sqlx::query_scalar("SELECT release_id FROM idem_leases WHERE name = $1")
+        sqlx::query_scalar("SELECT release_after FROM idem_leases WHERE name = $1")
             .bind(name.as_str())
             .fetch_one(&mut admin)
             .await

@@ -123,6 +123,20 @@ async fn copy(from: &Db, to: &Db) {
                 .await
                 .unwrap();
             }
+            // Views (the lease evidence is one), on the copied tables.
+            let views: Vec<(String, String)> = sqlx::query_as(
+                "SELECT viewname::text, definition FROM pg_views WHERE schemaname = $1",
+            )
+            .bind(a)
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+            for (v, definition) in views {
+                let definition = definition.replace(&format!("{a}."), &format!("{b}."));
+                c.execute(format!("CREATE VIEW {b}.{v} AS {definition}").as_str())
+                    .await
+                    .unwrap();
+            }
             // Identity columns got fresh sequences: move them past the copied rows.
             let identities: Vec<(String, String)> = sqlx::query_as(
                 "SELECT table_name::text, column_name::text FROM information_schema.columns \
