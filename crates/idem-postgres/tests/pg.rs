@@ -903,3 +903,90 @@ async fn idle_connections_killed_by_the_server_are_replaced() {
         idem_core::Release::Released { .. }
     ));
 }
+
+/// The one-commit create's record: inserted whole and final in the business
+/// transaction; a duplicate's final insert waits on the unique index, then writes
+/// nothing after the first commits; past the transaction's `lock_timeout` the wait ends
+/// as "in progress" for a claim and as "taken" for a final insert.
+#[tokio::test]
+async fn final_insert_in_tx_waits_then_yields_and_times_out_as_in_progress() {
+    let Some(h) = harness().await else { return };
+    let store = Arc::new(h.store().await);
+    let t = fresh_tenant();
+    let req = request(&t, "final", "show-S-204", "svc-a");
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let rec = store
+        .insert_final_in_tx(&mut tx, &req, succeeded("order-1"))
+        .await
+        .unwrap()
+        .expect("inserted");
+    assert_eq!((rec.state, rec.version), (RecordState::Succeeded, 1));
+    assert_eq!(
+        store.get(&req.scope).await.unwrap(),
+        None,
+        "not before the commit"
+    );
+
+    // Waiting on the uncommitted row, bounded by the lock timeout.
+    let mut other = store.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '200ms'")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let dup = request(&t, "final", "show-S-204", "svc-b");
+    match store.claim_in_tx(&mut other, &dup).await.unwrap() {
+        Claim::InProgress { .. } => {}
+        other => panic!("expected in progress, got {other:?}"),
+    }
+    drop(other);
+    let mut other = store.pool().begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '200ms'")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .insert_final_in_tx(&mut other, &dup, succeeded("order-2"))
+            .await
+            .unwrap(),
+        None,
+        "a final insert past the lock timeout writes nothing"
+    );
+    drop(other);
+
+    // Without a timeout the duplicate waits for the commit, then finds the key taken.
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut tx = store.pool().begin().await.unwrap();
+            store
+                .insert_final_in_tx(&mut tx, &dup, succeeded("order-2"))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the duplicate waits for the first commit"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), None);
+    let stored = store.get(&req.scope).await.unwrap().unwrap();
+    assert_eq!(stored.result, Some(result("order-1")));
+    // A non-final outcome cannot be inserted whole.
+    let mut tx = store.pool().begin().await.unwrap();
+    let retry = request(&t, "final-retry", "p", "svc-a");
+    let err = store
+        .insert_final_in_tx(
+            &mut tx,
+            &retry,
+            idem_core::Finish {
+                state: RecordState::FailedRetryable,
+                result: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), idem_core::ErrorKind::InvalidInput);
+}
