@@ -1026,3 +1026,129 @@ fn sqlite_files_are_created_readable_by_their_owner_only() {
     assert_eq!(mode(&dir.path().join("data")), 0o700);
     assert_eq!(mode(&dir.path().join("data/sub")), 0o700);
 }
+
+// ---------------------------------------------------------------------------------------
+// The operations kit in deploy/: dashboard, example configurations, systemd units
+
+fn deploy(path: &str) -> String {
+    let full = format!("{}/../../deploy/{path}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{full}: {e}"))
+}
+
+/// The metric families a Prometheus expression reads (`idem_…`, with the suffixes of
+/// counters and histograms taken off).
+fn families(expr: &str) -> Vec<String> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("idem_"))
+        .map(|w| {
+            ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| w.strip_suffix(s))
+                .unwrap_or(w)
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Every series the Grafana dashboard queries is exported by a running `idem serve` or
+/// `idem gateway`; the example gateway configuration is valid; the units start the
+/// binary with flags it has and read settings it knows.
+#[test]
+fn the_operations_kit_names_what_the_servers_export() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(&db, &["--api-key", &key, "--admin-token", ADMIN], &[]);
+    let rt = runtime();
+    let http = client();
+    let (serve_text, gateway_text) = rt.block_on(async {
+        let serve = get(&http, s.url("/metrics"), Some(ADMIN)).await;
+        assert_eq!(serve.status, 200, "{}", serve.text);
+        let mut config = idem_gateway::GatewayConfig::default();
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.upstream = format!("http://{}", s.addr);
+        let (addr, _served) = idem_gateway::bind(config, std::future::pending())
+            .await
+            .expect("gateway");
+        let gateway = get(&http, format!("http://{addr}/_idem/metrics"), None).await;
+        assert_eq!(gateway.status, 200, "{}", gateway.text);
+        (serve.text, gateway.text)
+    });
+    let exported = |family: &str| {
+        let declared = format!("# TYPE {family} ");
+        serve_text.contains(&declared) || gateway_text.contains(&declared)
+    };
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&deploy("grafana/idem-dashboard.json")).expect("dashboard JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    let mut queried = 0;
+    for panel in panels {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            for family in families(expr) {
+                assert!(
+                    exported(&family),
+                    "panel {:?} queries {family}, which no server exports",
+                    panel["title"]
+                );
+                queried += 1;
+            }
+        }
+    }
+    assert!(queried >= panels.len(), "{queried} series");
+    // The alert rules too.
+    for family in families(&deploy("alerts/idem-alerts.yml")) {
+        assert!(
+            exported(&family),
+            "an alert reads {family}, which no server exports"
+        );
+    }
+
+    let gateway = idem_gateway::GatewayConfig::from_json(&deploy("config/gateway.json"))
+        .expect("the example gateway configuration is valid");
+    assert!(gateway.redis_url.is_some() && !gateway.routes.is_empty());
+
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(args)
+            .output()
+            .expect("idem --help");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let serve_help = help(&["serve", "--help"]);
+    let gateway_help = help(&["gateway", "--help"]);
+    for (unit, help) in [
+        ("systemd/idem-serve.service", &serve_help),
+        ("systemd/idem-gateway.service", &gateway_help),
+    ] {
+        let unit_text = deploy(unit);
+        let exec = unit_text
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .unwrap_or_else(|| panic!("{unit} has no ExecStart"));
+        for flag in exec.split_whitespace().filter(|w| w.starts_with("--")) {
+            assert!(
+                help.contains(flag),
+                "{unit} passes {flag}, which idem does not take"
+            );
+        }
+    }
+    for (env_file, help) in [
+        ("config/serve.env", &serve_help),
+        ("config/gateway.env", &gateway_help),
+    ] {
+        for line in deploy(env_file).lines() {
+            let line = line.trim_start_matches('#');
+            let Some((name, _)) = line.split_once('=') else {
+                continue;
+            };
+            if name == "IDEM_LISTEN" || name.contains(' ') {
+                continue; // read by the unit's command line, or prose
+            }
+            let known = help.contains(&format!("env: {name}="))
+                || ["IDEM_LOG", "IDEM_NATS_URL"].contains(&name);
+            assert!(known, "{env_file} sets {name}, which idem does not read");
+        }
+    }
+}
