@@ -1063,9 +1063,11 @@ fn the_operations_kit_names_what_the_servers_export() {
     let (serve_text, gateway_text) = rt.block_on(async {
         let serve = get(&http, s.url("/metrics"), Some(ADMIN)).await;
         assert_eq!(serve.status, 200, "{}", serve.text);
-        let mut config = idem_gateway::GatewayConfig::default();
-        config.listen = "127.0.0.1:0".parse().unwrap();
-        config.upstream = format!("http://{}", s.addr);
+        let config = idem_gateway::GatewayConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            upstream: format!("http://{}", s.addr),
+            ..Default::default()
+        };
         let (addr, _served) = idem_gateway::bind(config, std::future::pending())
             .await
             .expect("gateway");
