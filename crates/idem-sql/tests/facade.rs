@@ -267,8 +267,9 @@ async fn a_transaction_of_another_database_is_refused() {
 
 #[tokio::test]
 async fn redis_has_records_and_leases_only() {
+    let prefix = format!("idem-sql-t-{}", run_id());
     let options = OpenOptions {
-        redis_prefix: Some(format!("idem-sql-t-{}", run_id())),
+        redis_prefix: Some(prefix.clone()),
         ..OpenOptions::default()
     };
     let store = match Store::open(&redis_url(), &options).await {
@@ -291,6 +292,10 @@ async fn redis_has_records_and_leases_only() {
         .unwrap()
         .granted()
         .is_some());
+    // The server is shared with later runs: leave nothing under the prefix.
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    assert!(idem_redis::unlink_prefix(&mut conn, &prefix).await.unwrap() >= 2);
 }
 
 #[tokio::test]
