@@ -131,7 +131,10 @@ where
     ResB::Error: Into<BoxError>,
 {
     let metrics = &shared.metrics;
-    if rules.claim == ClaimMode::InTransaction {
+    // With an archive the key must be claimed before it is looked up there (a record
+    // swept to the archive in between would look fresh to the handler's claim): such a
+    // layer claims ahead on every route.
+    if rules.claim == ClaimMode::InTransaction && shared.archive.is_none() {
         return crate::execute::execute_in_transaction(
             shared.clone(),
             inner,
@@ -155,8 +158,7 @@ where
         Ok((Turn::Proceed(token), _)) => {
             if let (ClaimKind::Fresh, Some(archive)) = (&token.kind, &shared.archive) {
                 if let Some(answer) =
-                    crate::retention::check_archive(&shared, archive, &token.scope, Some(&token))
-                        .await
+                    crate::retention::check_archive(&shared, archive, &token).await
                 {
                     return answer;
                 }

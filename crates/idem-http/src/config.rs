@@ -54,7 +54,8 @@ pub enum ClaimMode {
     /// ([`crate::TransactionalClaim::deferred_request`]) and finishes there, so an
     /// idempotent write costs one commit; a concurrent duplicate waits on the unique
     /// index until the first commits, and a crash rolls the claim back with the rows.
-    /// Only for handlers whose every effect is in that transaction.
+    /// Only for handlers whose every effect is in that transaction. A layer with an
+    /// archive ([`crate::IdempotencyLayer::with_archive`]) claims ahead instead.
     InTransaction,
 }
 

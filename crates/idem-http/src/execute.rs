@@ -140,15 +140,6 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    // A key moved to the archive is absent from the records: the claim in the
-    // transaction would take it for fresh.
-    if let Some(archive) = &shared.archive {
-        if let Some(answer) =
-            crate::retention::check_archive(&shared, archive, &req.scope, None).await
-        {
-            return answer;
-        }
-    }
     let claim = TransactionalClaim::deferred(req.clone(), shared.capture.clone());
     parts.extensions.insert(claim.clone());
     let request = Request::from_parts(parts, ReqB::from(body));

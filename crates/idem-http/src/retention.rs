@@ -114,28 +114,28 @@ pub(crate) async fn replay_dropped(shared: &Shared, record: &Record) -> Response
     }
 }
 
-/// Checks the archive for a fresh claim (`token`), or before an in-transaction route
-/// claims (`None`); `Some(response)` when the key expired (a claim is then finished
-/// FAILED_TERMINAL) or the check could not be made (a claim is released for a retry).
+/// Checks the archive for a fresh claim; `Some(response)` when the key expired (the
+/// claim is then finished FAILED_TERMINAL) or the check could not be made (the claim is
+/// released for a retry).
 pub(crate) async fn check_archive(
     shared: &Shared,
     archive: &Arc<dyn ArchiveLookup>,
-    scope: &idem_core::Scope,
-    token: Option<&ClaimToken>,
+    token: &ClaimToken,
 ) -> Option<Response<Body>> {
-    let found = match archive.archived(&scope.tenant, &scope.key).await {
+    let found = match archive
+        .archived(&token.scope.tenant, &token.scope.key)
+        .await
+    {
         Ok(None) => return None,
         Ok(Some(found)) => found,
         Err(e) => {
             // Fail closed: without knowing, executing could be a second execution.
-            tracing::warn!(%scope, error = %e, "archive lookup failed");
-            if let Some(token) = token {
-                if let Err(e) = shared.store.fail(token, true, None).await {
-                    tracing::error!(%scope, error = %e, "could not release the claim");
-                    shared.metrics.finish_error();
-                }
-                shared.wakeups.wake(scope);
+            tracing::warn!(scope = %token.scope, error = %e, "archive lookup failed");
+            if let Err(e) = shared.store.fail(token, true, None).await {
+                tracing::error!(scope = %token.scope, error = %e, "could not release the claim");
+                shared.metrics.finish_error();
             }
+            shared.wakeups.wake(&token.scope);
             shared.metrics.decision(if e.is_unavailable() {
                 Decision::Unavailable
             } else {
@@ -169,14 +169,11 @@ pub(crate) async fn check_archive(
         state: RecordState::FailedTerminal,
         result: Some(stored),
     };
-    // Without a claim there is nothing to record: every arrival asks the archive again.
-    if let Some(token) = token {
-        if let Err(e) = shared.store.finish(token, finish).await {
-            tracing::error!(%scope, error = %e, "could not record the expired key");
-            shared.metrics.finish_error();
-        }
-        shared.wakeups.wake(scope);
+    if let Err(e) = shared.store.finish(token, finish).await {
+        tracing::error!(scope = %token.scope, error = %e, "could not record the expired key");
+        shared.metrics.finish_error();
     }
+    shared.wakeups.wake(&token.scope);
     Some(problem.response())
 }
 

@@ -509,6 +509,9 @@ async fn fast_release(
     token: FencingToken,
 ) -> Result<Option<Release>, LeaseError> {
     let row = sqlx::query(&format!(
+        // `release_after` is read in the statement's snapshot: an event a concurrent
+        // locked change of this name committed while this waited on the row may list
+        // after the release although it came first (its time is exact).
         "UPDATE {leases} SET ended_at = {CLOCK} + $4, \
            release_after = coalesce((SELECT max(id) FROM {rows} WHERE name = $1), 0) \
          WHERE name = $1 AND owner = $2 AND token = $3 AND ended_at IS NULL \
@@ -1158,7 +1161,8 @@ impl LeaseStore for PgStore {
                 rows = t.event_rows,
             ),
             format!(
-                "UPDATE {leases} SET release_after = NULL WHERE name = ANY (ARRAY( \
+                "UPDATE {leases} SET release_after = NULL \
+                 WHERE release_after IS NOT NULL AND ended_at < $1 AND name = ANY (ARRAY( \
                    SELECT name FROM {leases} WHERE release_after IS NOT NULL AND ended_at < $1 \
                    LIMIT $2))",
                 leases = t.leases,

@@ -20,6 +20,8 @@ use idem_core::Millis;
 
 /// How old a reading may get before the next caller takes a new one.
 pub(crate) const REFRESH: Duration = Duration::from_secs(1);
+/// Past this age every caller takes a new reading itself.
+pub(crate) const STALE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy)]
 struct Reading {
@@ -58,14 +60,19 @@ impl ServerClock {
     }
 
     /// Whether this caller should take a new reading: there is none, or it is older
-    /// than [`REFRESH`] and nobody else is taking one. A `true` must be followed by
-    /// [`record`](Self::record) or [`abandon`](Self::abandon).
+    /// than [`REFRESH`] and nobody else is taking one — or older than [`STALE`] whatever
+    /// the flag says, so a bound is never stretched over a reading that old. A `true` is
+    /// followed by [`refresh`](Self::refresh), whose guard always ends it.
     pub(crate) fn begin_refresh(&self) -> bool {
-        let due = match self.reading() {
-            None => true,
-            Some(r) => r.received.elapsed() >= REFRESH,
+        let age = match self.reading() {
+            None => return !self.refreshing.swap(true, Ordering::AcqRel),
+            Some(r) => r.received.elapsed(),
         };
-        due && !self.refreshing.swap(true, Ordering::AcqRel)
+        if age >= STALE {
+            self.refreshing.store(true, Ordering::Release);
+            return true;
+        }
+        age >= REFRESH && !self.refreshing.swap(true, Ordering::AcqRel)
     }
 
     /// Stores a `TIME` reply (seconds, microseconds) read between `sent` and `received`.
@@ -84,6 +91,15 @@ impl ServerClock {
         self.refreshing.store(false, Ordering::Release);
     }
 
+    /// A refresh in progress that is abandoned if it is dropped before
+    /// [`Refresh::record`] (its caller's future was cancelled mid-`TIME`).
+    pub(crate) fn refresh(&self) -> Refresh<'_> {
+        Refresh {
+            clock: self,
+            done: false,
+        }
+    }
+
     /// The bounds now, with the test clock `shift` added; `None` before the first
     /// reading.
     pub(crate) fn bounds(&self, shift: Millis) -> Option<Bounds> {
@@ -96,6 +112,27 @@ impl ServerClock {
                 .saturating_add(millis(now.saturating_duration_since(r.sent)))
                 .saturating_add(1),
         })
+    }
+}
+
+/// See [`ServerClock::refresh`].
+pub(crate) struct Refresh<'a> {
+    clock: &'a ServerClock,
+    done: bool,
+}
+
+impl Refresh<'_> {
+    pub(crate) fn record(mut self, secs: i64, micros: i64, sent: Instant, received: Instant) {
+        self.done = true;
+        self.clock.record(secs, micros, sent, received);
+    }
+}
+
+impl Drop for Refresh<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.clock.abandon();
+        }
     }
 }
 
@@ -119,6 +156,17 @@ mod tests {
         assert!(b.upper - b.lower <= 3 + 1 + 5, "{b:?}");
         let shifted = clock.bounds(60_000).unwrap();
         assert!(shifted.lower >= b.lower + 60_000);
+        assert!(!clock.begin_refresh(), "a fresh reading is not due");
+    }
+
+    #[test]
+    fn a_dropped_refresh_lets_the_next_caller_try() {
+        let clock = ServerClock::new();
+        assert!(clock.begin_refresh());
+        drop(clock.refresh());
+        assert!(clock.begin_refresh(), "the cancelled refresh ended");
+        let sent = Instant::now();
+        clock.refresh().record(1_700_000_000, 0, sent, sent);
         assert!(!clock.begin_refresh(), "a fresh reading is not due");
     }
 

@@ -540,17 +540,13 @@ impl RedisStore {
     async fn server_now(&self) -> Result<clock::Bounds, StoreError> {
         let clock = &self.inner.server_clock;
         if clock.begin_refresh() {
+            // Abandoned on an error or when this future is dropped mid-way.
+            let refresh = clock.refresh();
             let mut conn = self.conn().await;
             let sent = std::time::Instant::now();
-            let res: Result<(i64, i64), RedisError> =
-                redis::cmd("TIME").query_async(&mut conn).await;
-            match self.check(res) {
-                Ok((secs, micros)) => clock.record(secs, micros, sent, std::time::Instant::now()),
-                Err(e) => {
-                    clock.abandon();
-                    return Err(e);
-                }
-            }
+            let (secs, micros): (i64, i64) =
+                self.check(redis::cmd("TIME").query_async(&mut conn).await)?;
+            refresh.record(secs, micros, sent, std::time::Instant::now());
         }
         match clock.bounds(self.shift()) {
             Some(bounds) => Ok(bounds),
