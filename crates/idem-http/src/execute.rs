@@ -23,9 +23,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use std::time::Duration;
-
-use idem_core::{Claim, ClaimRequest, ClaimToken, Finish, Record, RecordState};
+use idem_core::{ClaimRequest, ClaimToken, Finish, Record, RecordState};
 use tower::Service;
 use tracing::Instrument;
 
@@ -189,25 +187,10 @@ where
         shared.wakeups.wake(&req.scope);
         return with_expiry(&shared, response, Some(record));
     }
-    if let Some(answer) = claim.take_answer() {
-        let turn = match answer {
-            Claim::Replay(record) => Some(Turn::Replay(record)),
-            Claim::Mismatch { .. } => Some(Turn::Mismatch),
-            Claim::InProgress {
-                lease_expires_at,
-                now,
-                ..
-            } => Some(Turn::InProgress {
-                lease_left: Duration::from_millis(
-                    u64::try_from(lease_expires_at.saturating_sub(now)).unwrap_or(0),
-                ),
-            }),
-            // A handler that proceeded and did not commit: decided below.
-            Claim::Proceed(_) => None,
-        };
-        if let Some(turn) = turn {
-            return crate::claim::answer(&shared, turn, false, &rules).await;
-        }
+    match claim.take_answer().map(Turn::of) {
+        // A handler that proceeded and did not commit: decided below.
+        None | Some(Turn::Proceed(_)) => {}
+        Some(turn) => return crate::claim::answer(&shared, turn, false, &rules).await,
     }
     let claimed = pipeline::claim(
         shared.store.as_ref(),
@@ -228,13 +211,9 @@ where
                 // transaction: whatever it wrote was not protected by the key.
                 tracing::warn!(scope = %req.scope, "handler on an in-transaction route succeeded without claiming in its transaction");
             }
-            let finished = finish_claim(&shared, &token, finish).await;
-            if let Some((record, by)) = &finished {
-                shared.metrics.execution(outcome, *by);
-                tracing::debug!(scope = %req.scope, state = %record.state, "in-transaction route finished by the layer");
-            }
+            let finished = finish_counted(&shared, &token, finish, outcome).await;
             shared.wakeups.wake(&req.scope);
-            with_expiry(&shared, response, finished.map(|(record, _)| record))
+            with_expiry(&shared, response, finished)
         }
         Ok(Claimed { turn, waited }) => crate::claim::answer(&shared, turn, waited, &rules).await,
         Err(e) => crate::claim::store_failed(&shared, &e, &req.scope),
@@ -283,17 +262,7 @@ where
                 .execution(outcome_of(record.state), FinishedBy::Handler);
             Some(record)
         }
-        None => {
-            let finished = finish_claim(&shared, &token, finish).await;
-            if let Some((record, by)) = &finished {
-                let outcome = match by {
-                    FinishedBy::Layer => outcome,
-                    FinishedBy::Handler => outcome_of(record.state),
-                };
-                shared.metrics.execution(outcome, *by);
-            }
-            finished.map(|(record, _)| record)
-        }
+        None => finish_counted(&shared, &token, finish, outcome).await,
     };
     // Written before waking: a waiter either sees the record or is woken.
     shared.wakeups.wake(&token.scope);
@@ -507,6 +476,24 @@ fn outcome_of(state: RecordState) -> ExecutionOutcome {
         RecordState::FailedTerminal => ExecutionOutcome::FailedTerminal,
         RecordState::FailedRetryable | RecordState::Processing => ExecutionOutcome::FailedRetryable,
     }
+}
+
+/// Finishes the record through the pipeline and counts the execution: as `outcome`
+/// when the layer's finish wrote it, by the record's state when the handler's own
+/// transaction had.
+async fn finish_counted(
+    shared: &Shared,
+    token: &ClaimToken,
+    finish: Finish,
+    outcome: ExecutionOutcome,
+) -> Option<Record> {
+    let (record, by) = finish_claim(shared, token, finish).await?;
+    let outcome = match by {
+        FinishedBy::Layer => outcome,
+        FinishedBy::Handler => outcome_of(record.state),
+    };
+    shared.metrics.execution(outcome, by);
+    Some(record)
 }
 
 /// Finishes the record through the pipeline, counting what did not work.

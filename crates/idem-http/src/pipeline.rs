@@ -237,6 +237,26 @@ pub enum Turn {
     InProgress { lease_left: Duration },
 }
 
+impl Turn {
+    /// A store's answer as a turn; "in progress" carries the owner's remaining lease.
+    pub fn of(claim: Claim) -> Turn {
+        match claim {
+            Claim::Proceed(token) => Turn::Proceed(token),
+            Claim::Replay(record) => Turn::Replay(record),
+            Claim::Mismatch { .. } => Turn::Mismatch,
+            Claim::InProgress {
+                lease_expires_at,
+                now,
+                ..
+            } => Turn::InProgress {
+                lease_left: Duration::from_millis(
+                    u64::try_from(lease_expires_at.saturating_sub(now)).unwrap_or(0),
+                ),
+            },
+        }
+    }
+}
+
 /// A claim's answer and whether the request waited on another execution for it.
 #[derive(Debug)]
 pub struct Claimed {
@@ -258,17 +278,10 @@ pub async fn claim(
     let mut waiting: Option<(Instant, Box<dyn Waiter>)> = None;
     let mut cancelled = std::pin::pin!(cut_off.cancelled());
     loop {
-        let (lease_expires_at, now) = match store.claim(request).await? {
-            Claim::Proceed(token) => return Ok(done(Turn::Proceed(token), &waiting)),
-            Claim::Replay(record) => return Ok(done(Turn::Replay(record), &waiting)),
-            Claim::Mismatch { .. } => return Ok(done(Turn::Mismatch, &waiting)),
-            Claim::InProgress {
-                lease_expires_at,
-                now,
-                ..
-            } => (lease_expires_at, now),
+        let lease_left = match Turn::of(store.claim(request).await?) {
+            Turn::InProgress { lease_left } => lease_left,
+            turn => return Ok(done(turn, &waiting)),
         };
-        let lease_left = Duration::from_millis((lease_expires_at - now).max(0) as u64);
         let max_wait = match mode {
             InProgressMode::Wait { max_wait } if !max_wait.is_zero() => max_wait,
             _ => return Ok(done(Turn::InProgress { lease_left }, &waiting)),
