@@ -774,7 +774,7 @@ impl IdempotencyStore for RedisStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.inner.limits.check_claim(req)?;
+        let lease_ms = self.inner.limits.claim_lease(req)?;
         let key = self.record_key(&req.scope);
         if self.inner.recent.contains(&req.scope) {
             if let Some(claim) = self.claim_from_get(req, &key).await? {
@@ -782,7 +782,6 @@ impl IdempotencyStore for RedisStore {
             }
         }
         if self.inner.server.set_nx_get {
-            let lease_ms = self.inner.limits.claim_lease(req)?;
             if let Some(claim) = self.claim_scriptless(req, &key, lease_ms).await? {
                 if !matches!(claim, Claim::Proceed(_)) {
                     self.inner.recent.note(&req.scope);
