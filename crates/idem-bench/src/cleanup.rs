@@ -4,9 +4,11 @@
 
 /// Drops the schema a bench ran in, with everything in it.
 pub async fn drop_schema(pool: &sqlx::PgPool, schema: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-        .execute(pool)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

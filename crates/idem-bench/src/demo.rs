@@ -209,6 +209,7 @@ pub async fn demo_incident(options: DemoOptions) -> Result<DemoReport, Error> {
             .expect("valid demo keys"),
         admin_token: None,
         nats_url: None,
+        tls: None,
         options: ServiceOptions {
             pg_schema: options.pg_schema.clone(),
             run_chain: false,

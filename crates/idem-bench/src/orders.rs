@@ -142,6 +142,7 @@ pub async fn bench(options: OrdersBenchOptions) -> Result<OrdersBenchReport, Ben
         }],
         admin_token: None,
         nats_url: None,
+        tls: None,
         options: ServiceOptions {
             pg_schema: (backend == Backend::Postgres).then(|| schema.clone()),
             catalogue: catalogue.clone(),

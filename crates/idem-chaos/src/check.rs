@@ -64,7 +64,7 @@ fn db_err(e: sqlx::Error) -> ChaosError {
 /// The rows of `query`, with the tenant bound as `$1` when given.
 async fn rows(
     c: &mut PgConnection,
-    query: &str,
+    query: &'static str,
     tenant: Option<&str>,
 ) -> Result<Vec<sqlx::postgres::PgRow>, ChaosError> {
     let mut q = sqlx::query(query);

@@ -12,7 +12,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use sqlx::Connection;
 
 use crate::proxy::Mode;

@@ -260,7 +260,7 @@ impl Topology {
         let mut admin_conn = sqlx::PgConnection::connect(admin.as_str())
             .await
             .map_err(|e| ChaosError::Setup(format!("PostgreSQL: {e}")))?;
-        sqlx::query(&format!("CREATE DATABASE {db_name}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
             .execute(&mut admin_conn)
             .await
             .map_err(|e| ChaosError::Setup(format!("create database {db_name}: {e}")))?;
@@ -516,7 +516,9 @@ impl Topology {
         let drop_db = async {
             let mut c = sqlx::PgConnection::connect(&self.admin_url).await?;
             let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db_name);
-            sqlx::query(&drop).execute(&mut c).await?;
+            sqlx::query(sqlx::AssertSqlSafe(drop))
+                .execute(&mut c)
+                .await?;
             c.close().await
         };
         let dropped = async {

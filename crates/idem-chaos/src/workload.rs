@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use idem_client::{ClientError, IdempotentClient, RetryPolicy};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
 

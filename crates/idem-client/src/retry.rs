@@ -7,7 +7,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderMap, RETRY_AFTER};
-use rand::Rng;
+use rand::RngExt;
 
 /// How an intent is retried. `Default`: 5 attempts within 30 s, 10 s per attempt,
 /// backoff from 100 ms doubling to 5 s, retrying 409, 429, 502, 503 and 504.

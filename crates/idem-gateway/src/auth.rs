@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use http::header::{HeaderMap, HeaderName, AUTHORIZATION};
 use idem_core::{Principal, TenantId};
 use sha2::{Digest, Sha256};

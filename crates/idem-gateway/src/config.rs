@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::Method;
@@ -24,13 +24,23 @@ use crate::routes::{KeyRule, PathPattern};
 pub struct GatewayConfig {
     /// Address to listen on. Port 0 picks a free port (see [`crate::bind`]).
     pub listen: SocketAddr,
-    /// The upstream base URL: `http://host:port` with an optional path prefix. Plain HTTP
-    /// only; the gateway sits next to the service it protects. Required to start; a file
-    /// may leave it out when the command line supplies it (`--upstream`).
+    /// The upstream base URL: `http://host:port` or `https://host[:port]`, with an
+    /// optional path prefix. Required to start; a file may leave it out when the command
+    /// line supplies it (`--upstream`).
     pub upstream: String,
+    /// For an `https://` upstream: a private CA (PEM) its certificate may chain to,
+    /// besides the Mozilla roots.
+    pub upstream_ca_file: Option<PathBuf>,
+    /// Serve HTTPS: the certificate chain and its private key (PEM files), both or
+    /// neither.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
     /// Share the short window through Redis (`redis://host:port[/db]`); `None` keeps it in
     /// this process's memory.
     pub redis_url: Option<String>,
+    /// For `rediss://`: the CA (PEM) the Redis server's certificate must chain to,
+    /// instead of the system's trust store.
+    pub redis_ca_file: Option<PathBuf>,
     /// Key prefix in Redis (records and wake-up channels). No braces.
     pub redis_prefix: String,
     /// Bound on every Redis command and on each (re)connect attempt.
@@ -111,7 +121,11 @@ impl Default for GatewayConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstream: String::new(),
+            upstream_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             redis_url: None,
+            redis_ca_file: None,
             redis_prefix: "idem-gw".into(),
             redis_timeout_ms: 1_000,
             window_ms: 120_000,
@@ -396,6 +410,11 @@ impl GatewayConfig {
             }
         } else {
             crate::upstream::UpstreamBase::parse(&self.upstream)?;
+        }
+        if let Err(e) =
+            idem_net::tls::CertFiles::pair(self.tls_cert_file.clone(), self.tls_key_file.clone())
+        {
+            return bad(e);
         }
         if self.memory_window_bytes < self.max_stored_bytes {
             return bad(format!(

@@ -164,15 +164,17 @@ pub async fn bind(
 /// [`RunningGateway::stop`] (or when dropped).
 pub struct RunningGateway {
     pub addr: SocketAddr,
+    https: bool,
     metrics: Arc<GatewayMetrics>,
     stop: Option<oneshot::Sender<()>>,
     handle: JoinHandle<Result<(), GatewayError>>,
 }
 
 impl RunningGateway {
-    /// `http://<addr>`.
+    /// `http://<addr>`, or `https://` when it serves TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn metrics(&self) -> &GatewayMetrics {
@@ -206,12 +208,14 @@ impl Drop for RunningGateway {
 /// Starts a gateway in the background (tests, the bench).
 pub async fn start(config: GatewayConfig) -> Result<RunningGateway, GatewayError> {
     let (tx, rx) = oneshot::channel::<()>();
+    let https = config.tls_cert_file.is_some();
     let (addr, metrics, handle) = start_with(config, async move {
         let _ = rx.await;
     })
     .await?;
     Ok(RunningGateway {
         addr,
+        https,
         metrics,
         stop: Some(tx),
         handle,
@@ -229,6 +233,12 @@ async fn start_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Started, GatewayError> {
     let listen = config.listen;
+    let tls =
+        idem_net::tls::CertFiles::pair(config.tls_cert_file.clone(), config.tls_key_file.clone())
+            .map_err(GatewayError::Config)?
+            .map(|files| files.listener(config.header_read_timeout()))
+            .transpose()
+            .map_err(|e| GatewayError::Config(format!("TLS: {e}")))?;
     let ctx = Arc::new(service::Ctx::new(config)?);
     let listener = TcpListener::bind(listen)
         .await
@@ -237,9 +247,9 @@ async fn start_with(
             source,
         })?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, upstream = %ctx.config.upstream, window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
+    tracing::info!(%addr, https = tls.is_some(), upstream = %ctx.config.upstream, window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
     let metrics = ctx.metrics.clone();
-    let handle = tokio::spawn(serve(listener, ctx, shutdown));
+    let handle = tokio::spawn(serve(listener, tls, ctx, shutdown));
     Ok((addr, metrics, handle))
 }
 
@@ -256,6 +266,7 @@ async fn flights_ended(ctx: &service::Ctx, until: tokio::time::Instant) -> bool 
 
 async fn serve(
     listener: TcpListener,
+    tls: Option<idem_net::serve::ListenerTls>,
     ctx: Arc<service::Ctx>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
@@ -264,9 +275,10 @@ async fn serve(
         .header_read_timeout(ctx.config.header_read_timeout())
         .keep_alive(true)
         .writev(false);
-    let graceful = idem_http::serve::accept_until(
+    let graceful = idem_net::serve::accept_until(
         listener,
         &http,
+        tls,
         |peer| {
             let ctx = ctx.clone();
             let peer_info = Arc::new(service::Peer::new(peer));

@@ -21,7 +21,10 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use rustls_pki_types::ServerName;
+
 use crate::body::{Body, BoxError};
+use crate::error::GatewayError;
 
 /// How a send failed.
 #[derive(Debug)]
@@ -33,20 +36,44 @@ pub enum SendError {
 }
 
 pub struct Pool {
-    authority: Authority,
+    /// `host:port` to connect to (the scheme's port when the authority has none).
+    addr: String,
+    /// TLS to the upstream, verified for the authority's host.
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     connect_timeout: Duration,
     idle: Mutex<Vec<SendRequest<Body>>>,
     max_idle: usize,
 }
 
 impl Pool {
-    pub fn new(authority: Authority, connect_timeout: Duration, max_idle: usize) -> Self {
-        Self {
-            authority,
+    pub fn new(
+        authority: Authority,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        connect_timeout: Duration,
+        max_idle: usize,
+    ) -> Result<Self, GatewayError> {
+        let port = authority
+            .port_u16()
+            .unwrap_or(if tls.is_some() { 443 } else { 80 });
+        // An IPv6 literal keeps its brackets in the authority; the server name drops them.
+        let host = authority.host();
+        let addr = format!("{host}:{port}");
+        let tls = match tls {
+            None => None,
+            Some(config) => {
+                let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
+                    .map_err(|e| GatewayError::Config(format!("upstream TLS name {host:?}: {e}")))?
+                    .to_owned();
+                Some((tokio_rustls::TlsConnector::from(config), name))
+            }
+        };
+        Ok(Self {
+            addr,
+            tls,
             connect_timeout,
             idle: Mutex::new(Vec::new()),
             max_idle,
-        }
+        })
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<SendRequest<Body>>> {
@@ -75,7 +102,7 @@ impl Pool {
     }
 
     async fn connect(&self) -> Result<SendRequest<Body>, String> {
-        let addr = self.authority.as_str();
+        let addr = self.addr.as_str();
         let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| {
@@ -86,6 +113,29 @@ impl Pool {
             })?
             .map_err(|e| format!("connecting to {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
+        match &self.tls {
+            None => self.handshake(addr, stream).await,
+            Some((connector, name)) => {
+                // The TLS handshake shares the connect bound.
+                let stream = tokio::time::timeout(
+                    self.connect_timeout,
+                    connector.connect(name.clone(), stream),
+                )
+                .await
+                .map_err(|_| format!("TLS handshake with {addr} timed out"))?
+                .map_err(|e| {
+                    let why = idem_net::tls::describe_failure(&e).unwrap_or_else(|| e.to_string());
+                    format!("connecting to {addr}: {why}")
+                })?;
+                self.handshake(addr, stream).await
+            }
+        }
+    }
+
+    async fn handshake<S>(&self, addr: &str, stream: S) -> Result<SendRequest<Body>, String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         // Small messages: one flattened write beats a vectored one.
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .writev(false)

@@ -96,12 +96,19 @@ impl Ctx {
         }
         let metrics = Arc::new(GatewayMetrics::new());
         let window = Window::from_config(&config, &instance, metrics.clone())?;
+        let upstream_tls = config
+            .upstream_ca_file
+            .as_deref()
+            .map(|ca| idem_net::tls::client_config(Some(ca), true))
+            .transpose()
+            .map_err(|e| GatewayError::Config(format!("upstream TLS: {e}")))?;
         let upstream = Upstream::new(
             UpstreamBase::parse(&config.upstream)?,
+            upstream_tls,
             config.upstream_connect_timeout(),
             config.upstream_timeout(),
             config.max_response_bytes,
-        );
+        )?;
         let header = crate::auth::header_name;
         let base = UpstreamBase::parse(&config.upstream)?;
         let upstream_host = HeaderValue::from_str(base.authority().as_str())

@@ -26,6 +26,8 @@ use crate::pool::{Pool, PooledBody, SendError};
 #[derive(Debug, Clone)]
 pub struct UpstreamBase {
     authority: Authority,
+    /// `https://`: connections are TLS, verified for the authority's host.
+    https: bool,
     /// Path prefix without a trailing slash (`""` or `/api`).
     prefix: String,
 }
@@ -37,9 +39,11 @@ impl UpstreamBase {
             Ok(u) => u,
             Err(e) => return bad(&e.to_string()),
         };
-        if uri.scheme() != Some(&Scheme::HTTP) {
-            return bad("only http:// upstreams are supported");
-        }
+        let https = match uri.scheme() {
+            Some(s) if *s == Scheme::HTTP => false,
+            Some(s) if *s == Scheme::HTTPS => true,
+            _ => return bad("an upstream URL starts with http:// or https://"),
+        };
         let Some(authority) = uri.authority().cloned() else {
             return bad("no host");
         };
@@ -47,7 +51,11 @@ impl UpstreamBase {
             return bad("no query string allowed");
         }
         let prefix = uri.path().trim_end_matches('/').to_string();
-        Ok(Self { authority, prefix })
+        Ok(Self {
+            authority,
+            https,
+            prefix,
+        })
     }
 
     /// The upstream request target (origin form) for a request's path and query.
@@ -72,6 +80,10 @@ impl UpstreamBase {
 
     pub fn authority(&self) -> &Authority {
         &self.authority
+    }
+
+    pub fn is_https(&self) -> bool {
+        self.https
     }
 }
 
@@ -174,21 +186,32 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// `tls` is the client configuration for an `https://` base (ignored for `http://`).
     pub fn new(
         base: UpstreamBase,
+        tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
         timeout: Duration,
         max_response_bytes: usize,
-    ) -> Self {
+    ) -> Result<Self, GatewayError> {
         let host = HeaderValue::from_str(base.authority.as_str())
             .expect("an authority is a valid header value");
-        Self {
-            pool: Arc::new(Pool::new(base.authority.clone(), connect_timeout, 1024)),
+        let tls = match (base.https, tls) {
+            (false, _) => None,
+            (true, Some(config)) => Some(config),
+            (true, None) => Some(
+                idem_net::tls::client_config(None, true)
+                    .map_err(|e| GatewayError::Config(format!("upstream TLS: {e}")))?,
+            ),
+        };
+        let pool = Pool::new(base.authority.clone(), tls, connect_timeout, 1024)?;
+        Ok(Self {
+            pool: Arc::new(pool),
             base,
             host,
             timeout,
             max_response_bytes,
-        }
+        })
     }
 
     pub fn base(&self) -> &UpstreamBase {
@@ -469,7 +492,8 @@ mod tests {
         let b = UpstreamBase::parse("http://svc:80/api/").unwrap();
         assert_eq!(b.uri("/v1").to_string(), "/api/v1");
         assert_eq!(b.target(&uri).to_string(), "/api/a?b");
-        assert!(UpstreamBase::parse("https://x").is_err());
+        assert!(UpstreamBase::parse("https://x").unwrap().is_https());
+        assert!(UpstreamBase::parse("ftp://x").is_err());
         assert!(UpstreamBase::parse("nope").is_err());
     }
 

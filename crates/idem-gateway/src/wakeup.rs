@@ -108,8 +108,8 @@ impl Wakeups {
             .publisher
             .get(|| async move {
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(timeout)
-                    .set_response_timeout(timeout)
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
                     .set_number_of_retries(0);
                 tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
                     .await

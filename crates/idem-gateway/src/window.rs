@@ -65,7 +65,7 @@ impl Window {
                 })
             }
             Some(url) => {
-                let client = redis::Client::open(url.as_str())
+                let client = idem_redis::open_client(url.as_str(), config.redis_ca_file.as_deref())
                     .map_err(|e| GatewayError::Config(format!("redis_url: {e}")))?;
                 let client_name: String = format!("idem-gw-{instance}")
                     .chars()
@@ -84,6 +84,7 @@ impl Window {
                     connect_timeout: config.redis_timeout(),
                     response_timeout: config.redis_timeout(),
                     client_name: Some(client_name),
+                    ca_file: config.redis_ca_file.clone(),
                     ..RedisOptions::default()
                 };
                 Ok(Self {

@@ -99,7 +99,6 @@ pub mod pipeline;
 pub mod problem;
 mod replay;
 pub mod retention;
-pub mod serve;
 pub mod transactional;
 
 pub use auth::{Authenticate, BearerTokens, Identity, TokenConflict, Unauthenticated};

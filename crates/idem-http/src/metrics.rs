@@ -135,14 +135,39 @@ struct Inner {
 }
 
 /// A cheap-to-clone handle on the layer's counters.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct IdempotencyMetrics {
     inner: Arc<Inner>,
 }
 
+impl Default for IdempotencyMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl IdempotencyMetrics {
+    /// Every series starts at zero (a family with no series is not exported at all, and
+    /// a rate over a series that appears mid-incident misses its first increments).
     pub fn new() -> Self {
-        Self::default()
+        let inner = Inner::default();
+        for &decision in Decision::ALL {
+            let _ = inner.requests.get_or_create(&DecisionLabels { decision });
+        }
+        for &kind in Conflict::ALL {
+            let _ = inner.conflicts.get_or_create(&ConflictLabels { kind });
+        }
+        for &outcome in ExecutionOutcome::ALL {
+            for &finished_by in FinishedBy::ALL {
+                let _ = inner.executions.get_or_create(&ExecutionLabels {
+                    outcome,
+                    finished_by,
+                });
+            }
+        }
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Adds the counters to `registry` (names above).

@@ -34,13 +34,18 @@ pub struct LeaseMetrics {
 }
 
 impl Default for LeaseMetrics {
-    /// Metrics registered nowhere: counted, never scraped.
+    /// Metrics registered nowhere: counted, never scraped. Every reason's series
+    /// starts at zero, so the family is exported before its first failure.
     fn default() -> Self {
+        let renew_failures: Family<ReasonLabel, Counter> = Family::default();
+        for reason in ["not_holder", "error", "expired"] {
+            let _ = renew_failures.get_or_create(&[("reason", reason)]);
+        }
         Self {
             hold_fraction: Histogram::new(HOLD_FRACTION_BUCKETS),
             owner_mismatch_releases: Counter::default(),
             fenced_rejections: Counter::default(),
-            renew_failures: Family::default(),
+            renew_failures,
         }
     }
 }

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use idem_core::{Acquire, LeaseError, LeaseName, LeaseStore, OwnerId};
-use rand::Rng;
+use rand::RngExt;
 use tokio::time::Instant;
 
 /// The shortest pause between two attempts.

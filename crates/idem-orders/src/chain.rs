@@ -77,6 +77,9 @@ pub struct NatsOptions {
     pub ack_wait: Duration,
     /// JetStream's duplicate window on `Nats-Msg-Id`. Default 2 min.
     pub duplicate_window: Duration,
+    /// A private CA (PEM) the server's certificate is checked against, besides the
+    /// Mozilla roots. A `tls://` URL requires TLS.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl NatsOptions {
@@ -88,6 +91,7 @@ impl NatsOptions {
             durable_prefix: "idem-orders".into(),
             ack_wait: Duration::from_secs(30),
             duplicate_window: Duration::from_secs(120),
+            ca_file: None,
         }
     }
 
@@ -124,18 +128,46 @@ pub struct Published {
     pub duplicate: bool,
 }
 
+/// Connects within 5 s, retrying; a failure reports the last attempt's cause (a TLS
+/// failure by its step), not only that time ran out.
+async fn connect_client(options: &NatsOptions) -> Result<async_nats::Client, Error> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut connect = async_nats::ConnectOptions::new();
+        if let Some(ca) = &options.ca_file {
+            if let Err(e) = std::fs::metadata(ca) {
+                return Err(Error::InvalidInput(format!(
+                    "reading the NATS CA file {}: {e}",
+                    ca.display()
+                )));
+            }
+            connect = connect.add_root_certificates(ca.clone());
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let (why, permanent) = match tokio::time::timeout(left, connect.connect(&options.url)).await
+        {
+            Ok(Ok(client)) => return Ok(client),
+            // A certificate refused now is refused on every retry.
+            Ok(Err(e)) => match idem_net::tls::describe_failure(&e) {
+                Some(tls) => (tls, true),
+                None => (e.to_string(), false),
+            },
+            Err(_) => ("did not answer".to_string(), false),
+        };
+        if permanent || tokio::time::Instant::now() + Duration::from_millis(250) >= deadline {
+            return Err(Error::Unavailable(format!(
+                "NATS at {}: {why}",
+                crate::db::redact(&options.url)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 impl Nats {
     /// Connects and creates the stream if missing.
     pub async fn connect(options: NatsOptions) -> Result<Self, Error> {
-        let client = tokio::time::timeout(
-            Duration::from_secs(5),
-            async_nats::ConnectOptions::new()
-                .retry_on_initial_connect()
-                .connect(&options.url),
-        )
-        .await
-        .map_err(|_| Error::Unavailable(format!("NATS at {} did not answer", options.url)))?
-        .map_err(|e| Error::Unavailable(format!("NATS at {}: {e}", options.url)))?;
+        let client = connect_client(&options).await?;
         let js = jetstream::new(client);
         let stream = js
             .get_or_create_stream(jetstream::stream::Config {
@@ -168,7 +200,7 @@ impl Nats {
             .js
             .send_publish(
                 self.options.subject(&message.topic),
-                jetstream::context::Publish::build()
+                jetstream::message::PublishMessage::build()
                     .payload(body.into())
                     .message_id(&message.message_id),
             )

@@ -161,9 +161,11 @@ mod tests {
         };
         pending_follows_the_ledgers(&db).await;
         let pg = db.postgres().unwrap();
-        sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-            .execute(pg.pool())
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{schema}\" CASCADE"
+        )))
+        .execute(pg.pool())
+        .await
+        .unwrap();
     }
 }

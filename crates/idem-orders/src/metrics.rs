@@ -99,9 +99,53 @@ struct Inner {
 }
 
 /// Cheap to clone; clones share the series.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct OrdersMetrics {
     inner: Arc<Inner>,
+}
+
+/// The business refusals counted by `idem_orders_rejections` (problem slugs).
+const REJECTION_REASONS: [&str; 7] = [
+    "unknown-show",
+    "invalid-quantity",
+    "quantity-above-limit",
+    "sold-out",
+    "order-not-found",
+    "invalid-field",
+    "illegal-transition",
+];
+
+impl Default for OrdersMetrics {
+    /// Every known series starts at zero: a family without series is not exported, and
+    /// a series appearing mid-incident hides its first increments from `rate()`.
+    fn default() -> Self {
+        let i = Inner::default();
+        for route in ["idem", "legacy"] {
+            let _ = i.created.get_or_create(&RouteLabel { route });
+        }
+        for reason in REJECTION_REASONS {
+            let _ = i.rejections.get_or_create(&ReasonLabel { reason });
+        }
+        for kind in ["charge", "refund"] {
+            let _ = i.payments.get_or_create(&KindLabel { kind });
+        }
+        for transport in ["in_process", "nats"] {
+            let _ = i.published.get_or_create(&TransportLabel { transport });
+        }
+        for consumer in CONSUMERS {
+            for result in ["done", "duplicate", "deferred", "failed"] {
+                let _ = i
+                    .deliveries
+                    .get_or_create(&DeliveryLabels { consumer, result });
+            }
+        }
+        for what in FreezeWhat::ALL {
+            let _ = i.deferrals.get_or_create(&WhatLabel {
+                what: what.as_str(),
+            });
+        }
+        Self { inner: Arc::new(i) }
+    }
 }
 
 impl OrdersMetrics {

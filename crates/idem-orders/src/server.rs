@@ -165,6 +165,8 @@ pub struct ServeConfig {
     pub admin_token: Option<String>,
     /// Relay the outbox to NATS JetStream instead of in process.
     pub nats_url: Option<String>,
+    /// Serve HTTPS with this certificate chain and key (the metrics listener too).
+    pub tls: Option<idem_net::tls::CertFiles>,
     pub options: ServiceOptions,
 }
 
@@ -176,6 +178,7 @@ impl std::fmt::Debug for ServeConfig {
             .field("api_keys", &self.api_keys)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "***"))
             .field("nats_url", &self.nats_url)
+            .field("tls", &self.tls)
             .field("options", &self.options)
             .finish()
     }
@@ -189,6 +192,7 @@ impl Default for ServeConfig {
             api_keys: Vec::new(),
             admin_token: None,
             nats_url: None,
+            tls: None,
             options: ServiceOptions::default(),
         }
     }
@@ -482,6 +486,7 @@ impl App {
 /// A listening server and its chain.
 pub struct Server {
     addr: SocketAddr,
+    https: bool,
     metrics_addr: Option<SocketAddr>,
     dev_credentials: Option<DevCredentials>,
     orders: Orders,
@@ -500,9 +505,17 @@ impl Server {
         self.addr
     }
 
-    /// `http://ADDR`.
+    /// `http://ADDR`, or `https://ADDR` when it serves TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme(), self.addr)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     /// Where `/metrics` is served without credentials, if it was asked for.
@@ -567,6 +580,13 @@ impl Drop for Server {
 /// once with the bound address.
 pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
     let app = App::build(&config).await?;
+    // Read before listening: a bad certificate is a start-up error, not a failed request.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|files| files.listener(app.options.timeouts.header_read))
+        .transpose()
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
     let listener = TcpListener::bind(app.listen).await?;
     let addr = listener.local_addr()?;
     let metrics_listener = match app.options.metrics_listen {
@@ -601,21 +621,24 @@ pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
     if let Some(listener) = metrics_listener {
         let router = app.metrics_router;
         let stopped = stopped.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let graceful = accept(listener, router, timeouts.header_read, stopped).await;
+            let graceful = accept(listener, router, tls, timeouts.header_read, stopped).await;
             let _ = tokio::time::timeout(Duration::from_secs(1), graceful.shutdown()).await;
         });
     }
     let router = app.router;
     let layer = app.layer;
+    let https = tls.is_some();
     let task = tokio::spawn(async move {
-        let graceful = accept(listener, router, timeouts.header_read, stopped).await;
+        let graceful = accept(listener, router, tls, timeouts.header_read, stopped).await;
         drain(graceful, &layer, timeouts.shutdown_grace).await;
         Ok(())
     });
-    tracing::info!(%addr, database = app.database.backend(), transport = app.chain.transport(), "idem orders listening");
+    tracing::info!(%addr, https, database = app.database.backend(), transport = app.chain.transport(), "idem orders listening");
     Ok(Server {
         addr,
+        https,
         metrics_addr,
         dev_credentials: app.dev_credentials,
         orders: app.orders,
@@ -634,6 +657,7 @@ pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
 async fn accept(
     listener: TcpListener,
     router: Router,
+    tls: Option<idem_net::serve::ListenerTls>,
     header_read: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> GracefulShutdown {
@@ -645,9 +669,10 @@ async fn accept(
         // Err: the sender is gone, which stops serving too.
         let _ = stop.wait_for(|stop| *stop).await;
     };
-    idem_http::serve::accept_until(
+    idem_net::serve::accept_until(
         listener,
         &http,
+        tls,
         |_| TowerToHyperService::new(router.clone()),
         stopped,
     )
@@ -715,14 +740,14 @@ pub async fn serve(
     let server = bind(config).await?;
     println!("idem orders listening on {}", server.url());
     if let Some(at) = server.metrics_addr() {
-        println!("  metrics: http://{at}/metrics");
+        println!("  metrics: {}://{at}/metrics", server.scheme());
     }
     println!("  database: {}", redact(&url));
     println!(
         "  outbox transport: {}",
         nats.as_deref().map_or_else(
             || "in-process".to_owned(),
-            |u| format!("NATS JetStream at {u}")
+            |u| format!("NATS JetStream at {}", redact(u))
         )
     );
     if let Some(dev) = server.dev_credentials() {

@@ -55,9 +55,11 @@ fn main() {
             let outcome = std::panic::catch_unwind(|| rt.block_on(parent(&pg, Some(&schema))));
             rt.block_on(async {
                 let mut c = PgConnection::connect(&pg).await.unwrap();
-                c.execute(format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str())
-                    .await
-                    .unwrap();
+                c.execute(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                )))
+                .await
+                .unwrap();
             });
             if let Err(p) = outcome {
                 std::panic::resume_unwind(p);
@@ -92,6 +94,7 @@ async fn child() {
         api_keys: vec![format!("t1={TOKEN}").parse::<ApiKey>().unwrap()],
         admin_token: None,
         nats_url: None,
+        tls: None,
         options,
     })
     .await

@@ -115,7 +115,7 @@ async fn nats_transport_makes_one_ticket(env: Env) {
             .context()
             .send_publish(
                 nats.subject("order.paid"),
-                jetstream::context::Publish::build()
+                jetstream::message::PublishMessage::build()
                     .payload(serde_json::to_vec(&paid).unwrap().into())
                     .message_id(format!("{}-replayed", paid.message_id)),
             )

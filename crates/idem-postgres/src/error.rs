@@ -34,6 +34,15 @@ pub fn is_unavailable(err: &sqlx::Error) -> bool {
 
 /// Converts a sqlx error; `what` names the operation for the message.
 pub fn map_err(what: &str, err: sqlx::Error) -> StoreError {
+    // Which TLS step failed, and what to do about it (a CA file, the host name).
+    let tls = idem_net::tls::describe_failure(&err).or_else(|| match &err {
+        sqlx::Error::Tls(e) => Some(format!("TLS: {e}")),
+        _ => None,
+    });
+    if let Some(why) = tls {
+        tracing::warn!(operation = what, error = %why, "postgres TLS failed");
+        return StoreError::Unavailable(format!("postgres {what}: {why}"));
+    }
     if is_unavailable(&err) {
         tracing::warn!(operation = what, error = %err, "postgres unavailable");
         StoreError::Unavailable(format!("postgres {what}: {err}"))

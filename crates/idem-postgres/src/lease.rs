@@ -301,7 +301,7 @@ async fn snapshot(
     t: &Tables,
     name: &LeaseName,
 ) -> Result<LeaseSnapshot, LeaseError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {CLOCK} + $2 AS now_ms, l.name IS NOT NULL AND l.ended_at IS NULL AS found, \
            l.owner, l.token, l.acquired_at, l.expires_at, l.renewals, \
            GREATEST(t.last_token, l.token, 0) AS last_token \
@@ -310,7 +310,7 @@ async fn snapshot(
          LEFT JOIN {tokens} t ON t.name = $1",
         leases = t.leases,
         tokens = t.tokens,
-    ))
+    )))
     .bind(name.as_str())
     .bind(clock.millis())
     .fetch_one(exec)
@@ -396,7 +396,7 @@ async fn fast_update(
         rows = t.event_rows,
     );
     let row: (Option<i64>, Option<i64>, Option<i64>, Option<bool>) =
-        grant_query(&sql, name, owner, ttl, clock)
+        grant_query(sql, name, owner, ttl, clock)
             .fetch_one(exec)
             .await
             .map_err(lerr("lease grant"))?;
@@ -445,7 +445,7 @@ async fn fast_insert(
         leases = t.leases,
         acquired = acquired_event(t),
     );
-    let row: Option<(i64, i64, i64)> = grant_query(&sql, name, owner, ttl, clock)
+    let row: Option<(i64, i64, i64)> = grant_query(sql, name, owner, ttl, clock)
         .fetch_optional(exec)
         .await
         .map_err(lerr("lease grant"))?;
@@ -455,7 +455,7 @@ async fn fast_insert(
 /// The parameters of both one-statement grants: $1 name, $2 owner, $3 ttl (ms), $4 clock
 /// shift, $5 the `acquired` event kind.
 fn grant_query<'q, O>(
-    sql: &'q str,
+    sql: String,
     name: &'q LeaseName,
     owner: &'q OwnerId,
     ttl: Duration,
@@ -464,7 +464,7 @@ fn grant_query<'q, O>(
 where
     O: for<'r> sqlx::FromRow<'r, PgRow>,
 {
-    sqlx::query_as(sql)
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(name.as_str())
         .bind(owner.as_str())
         .bind(millis(ttl))
@@ -508,7 +508,7 @@ async fn fast_release(
     owner: &OwnerId,
     token: FencingToken,
 ) -> Result<Option<Release>, LeaseError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         // `release_after` is read in the statement's snapshot: an event a concurrent
         // locked change of this name committed while this waited on the row may list
         // after the release although it came first (its time is exact).
@@ -519,7 +519,7 @@ async fn fast_release(
          RETURNING owner, token, acquired_at, expires_at, renewals, ended_at AS now_ms",
         leases = t.leases,
         rows = t.event_rows,
-    ))
+    )))
     .bind(name.as_str())
     .bind(owner.as_str())
     .bind(token.get())
@@ -540,12 +540,12 @@ async fn lock_name(
     t: &Tables,
     name: &LeaseName,
 ) -> Result<i64, LeaseError> {
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {tokens} AS t (name, last_token) VALUES ($1, 0) \
          ON CONFLICT (name) DO UPDATE SET last_token = t.last_token \
          RETURNING t.last_token",
         tokens = t.tokens,
-    ))
+    )))
     .bind(name.as_str())
     .fetch_one(&mut *conn)
     .await
@@ -572,13 +572,13 @@ async fn locked_lease(
     // FOR UPDATE as well, against the one-statement grant and release, which write the
     // row without the name's lock: one may have committed while this waited, and the
     // select list (the clock) is computed after the subquery's lock.
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {CLOCK} + $2 AS now_ms, l.* FROM (SELECT 1) one LEFT JOIN LATERAL ( \
            SELECT owner, token, acquired_at, expires_at, renewals, \
              ended_at IS NOT NULL AS ended \
            FROM {leases} WHERE name = $1 FOR UPDATE) l ON true",
         leases = t.leases,
-    ))
+    )))
     .bind(name.as_str())
     .bind(clock.millis())
     .fetch_one(&mut *conn)
@@ -610,11 +610,11 @@ async fn record(
     t: &Tables,
     event: &LeaseEvent,
 ) -> Result<(), LeaseError> {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {events} (name, kind, at, owner, token, acquired_at, expires_at, detail) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         events = t.event_rows,
-    ))
+    )))
     .bind(event.name.as_str())
     .bind(event.kind.as_str())
     .bind(event.at)
@@ -636,10 +636,10 @@ async fn end_lease(
     name: &LeaseName,
     now: Millis,
 ) -> Result<(), LeaseError> {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {leases} SET ended_at = $2, release_after = NULL WHERE name = $1",
         leases = t.leases
-    ))
+    )))
     .bind(name.as_str())
     .bind(now)
     .execute(&mut *conn)
@@ -670,7 +670,7 @@ impl PgStore {
     ) -> Result<Option<(FencingToken, Millis)>, LeaseError> {
         idem_core::row::check_resource(resource)?;
         // DO UPDATE … WHERE locks the conflicting row even when the WHERE is false.
-        let accepted: Option<i64> = sqlx::query_scalar(&format!(
+        let accepted: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {fences} AS f (resource, last_token, lease_name, owner, updated_at) \
              VALUES ($1, $2, $3, $4, {CLOCK} + $5) \
              ON CONFLICT (resource) DO UPDATE SET last_token = EXCLUDED.last_token, \
@@ -679,7 +679,7 @@ impl PgStore {
              WHERE EXCLUDED.last_token >= f.last_token \
              RETURNING f.last_token",
             fences = t.fences,
-        ))
+        )))
         .bind(resource)
         .bind(lease.token.get())
         .bind(lease.name.as_str())
@@ -692,10 +692,10 @@ impl PgStore {
             return Ok(None);
         }
         // Under the row lock: the value that refused us, and the time of the refusal.
-        let row = sqlx::query(&format!(
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT last_token, {CLOCK} + $2 AS now_ms FROM {fences} WHERE resource = $1",
             fences = t.fences,
-        ))
+        )))
         .bind(resource)
         .bind(self.clock.millis())
         .fetch_one(&mut *conn)
@@ -825,10 +825,10 @@ impl LeaseSteps for Change<'_> {
         tx: &'a mut Self::Tx,
         lease: &'a Lease,
     ) -> Result<(), LeaseError> {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {leases} SET expires_at = $2, renewals = $3 WHERE name = $1",
             leases = self.t.leases,
-        ))
+        )))
         .bind(lease.name.as_str())
         .bind(lease.expires_at)
         .bind(i32::try_from(lease.renewals).unwrap_or(i32::MAX))
@@ -978,7 +978,7 @@ impl PgStore {
         // release recorded in place on the row being replaced moves into the acquired
         // row (the statement's snapshot has the row as it was; this transaction holds
         // its lock).
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "WITH counter AS ( \
                UPDATE {tokens} SET last_token = $2 WHERE name = $1 \
              ), lease AS ( \
@@ -999,7 +999,7 @@ impl PgStore {
             tokens = t.tokens,
             leases = t.leases,
             events = t.event_rows,
-        ))
+        )))
         .bind(name.as_str())
         .bind(lease.token.get())
         .bind(owner.as_str())
@@ -1088,10 +1088,10 @@ impl LeaseStore for PgStore {
         // keeps its bump: a gap, never a repeat). The highest token granted is in the
         // evidence; the row's token (or the counter) stands in only when there is none
         // (events trimmed past the retention window, or removed by hand).
-        let granted: Option<i64> = sqlx::query_scalar(&format!(
+        let granted: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT max(token) FROM {events} WHERE name = $1 AND kind = $2",
             events = t.event_rows,
-        ))
+        )))
         .bind(name.as_str())
         .bind(LeaseEventKind::Acquired.as_str())
         .fetch_one(&self.pool)
@@ -1111,12 +1111,12 @@ impl LeaseStore for PgStore {
 
     async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError> {
         let t = self.lease_tables();
-        let rows = sqlx::query(&format!(
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT kind, at, owner, token, acquired_at, expires_at, detail FROM ( \
                SELECT * FROM {events} WHERE name = $1 ORDER BY id DESC LIMIT $2) e \
              ORDER BY id",
             events = t.events,
-        ))
+        )))
         .bind(name.as_str())
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(&self.pool)
@@ -1168,12 +1168,12 @@ impl LeaseStore for PgStore {
                 leases = t.leases,
             ),
         ];
-        for sql in &statements {
+        for sql in statements {
             let left = limit.saturating_sub(i64::try_from(done).unwrap_or(i64::MAX));
             if left <= 0 {
                 break;
             }
-            done += sqlx::query(sql)
+            done += sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(before)
                 .bind(left)
                 .execute(&self.pool)

@@ -115,6 +115,45 @@ impl Default for PgOptions {
 
 /// Schema names are spliced into DDL and `search_path`, so only plain lower-case
 /// identifiers are accepted (no quoting games, no case folding surprises).
+/// A `sslrootcert` the URL names must be readable: the driver would only say "No such
+/// file or directory" at the first connection, without the path.
+fn check_root_cert(url: &str) -> Result<(), StoreError> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(());
+    };
+    for pair in query.split('&') {
+        if let Some(path) = pair.strip_prefix("sslrootcert=") {
+            let path = percent_decode(path);
+            if let Err(e) = std::fs::File::open(&path) {
+                return Err(StoreError::InvalidInput(format!(
+                    "reading the PostgreSQL sslrootcert {path}: {e}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn validate_schema(name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
         && name.len() <= 63
@@ -182,6 +221,7 @@ impl PgStore {
         if let Some(s) = &options.schema {
             validate_schema(s)?;
         }
+        check_root_cert(url)?;
         let mut connect = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::InvalidInput(format!("postgres url: {e}")))?
             .application_name(&options.application_name);
@@ -347,7 +387,7 @@ impl PgStore {
         self.limits.check_final(req, &finish)?;
         let result = finish.result.as_ref();
         let headers = result.map(|r| idem_core::row::headers_json(&r.headers));
-        let created: Option<i64> = match sqlx::query_scalar(&self.sql.insert_final)
+        let created: Option<i64> = match sqlx::query_scalar(self.sql.insert_final.clone())
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
             .bind(req.principal.as_str())
@@ -451,7 +491,7 @@ impl PgStore {
         req: &ClaimRequest,
         lease_ms: i64,
     ) -> Result<Option<row::ClaimRow>, StoreError> {
-        let row = sqlx::query(&self.sql.claim)
+        let row = sqlx::query(self.sql.claim.clone())
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
             .bind(req.principal.as_str())
@@ -474,7 +514,7 @@ impl PgStore {
         req: &ClaimRequest,
         lease_ms: i64,
     ) -> Result<Option<row::ClaimRow>, StoreError> {
-        let row = sqlx::query(&self.sql.claim_fresh)
+        let row = sqlx::query(self.sql.claim_fresh.clone())
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
             .bind(req.principal.as_str())
@@ -501,7 +541,7 @@ impl PgStore {
         conn: &mut PgConnection,
         req: &ClaimRequest,
     ) -> Result<Option<row::ClaimRow>, StoreError> {
-        let row = sqlx::query(&self.sql.claim_read)
+        let row = sqlx::query(self.sql.claim_read.clone())
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
             .bind(self.clock.millis())
@@ -521,7 +561,7 @@ impl PgStore {
         seen_version: i64,
         kind: ClaimKind,
     ) -> Result<Option<ClaimToken>, StoreError> {
-        let row = sqlx::query(&self.sql.take_over)
+        let row = sqlx::query(self.sql.take_over.clone())
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
             .bind(req.principal.as_str())
@@ -554,7 +594,7 @@ impl PgStore {
         self.limits.check_finish(&finish)?;
         let result = finish.result.as_ref();
         let headers = result.map(|r| idem_core::row::headers_json(&r.headers));
-        let row = sqlx::query(&self.sql.finish)
+        let row = sqlx::query(self.sql.finish.clone())
             .bind(token.scope.tenant.as_str())
             .bind(token.scope.key.as_str())
             .bind(token.version)
@@ -576,7 +616,7 @@ impl PgStore {
         // Nothing matched. A retry of a finish whose response was lost: this very token
         // already moved the record to exactly this outcome. Answer as the first time
         // (f(f(x)) = f(x)); anything else is stale.
-        let current = sqlx::query(&self.sql.get)
+        let current = sqlx::query(self.sql.get.clone())
             .bind(token.scope.tenant.as_str())
             .bind(token.scope.key.as_str())
             .fetch_optional(&mut *conn)
@@ -600,7 +640,7 @@ impl PgStore {
         token: &ClaimToken,
         lease_ms: Millis,
     ) -> Result<Millis, StoreError> {
-        let deadline: Option<i64> = sqlx::query_scalar(&self.sql.extend)
+        let deadline: Option<i64> = sqlx::query_scalar(self.sql.extend.clone())
             .bind(token.scope.tenant.as_str())
             .bind(token.scope.key.as_str())
             .bind(token.version)
@@ -649,7 +689,7 @@ impl IdempotencyStore for PgStore {
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let row = on_pooled_connection!(self, |conn| async {
-            sqlx::query(&self.sql.get)
+            sqlx::query(self.sql.get.clone())
                 .bind(scope.tenant.as_str())
                 .bind(scope.key.as_str())
                 .fetch_optional(&mut *conn)
@@ -661,7 +701,7 @@ impl IdempotencyStore for PgStore {
 
     async fn unique_guard(&self) -> Result<bool, StoreError> {
         on_pooled_connection!(self, |conn| async {
-            sqlx::query_scalar(&self.sql.guard)
+            sqlx::query_scalar(self.sql.guard.clone())
                 .bind(&self.sql.table)
                 .fetch_one(&mut *conn)
                 .await

@@ -162,9 +162,9 @@ pub(crate) async fn run(
         .map_err(m)?;
     if let Some(s) = schema {
         // `s` passed `validate_schema`: a plain lower-case identifier, safe to splice.
-        sqlx::raw_sql(&format!(
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "CREATE SCHEMA IF NOT EXISTS \"{s}\"; SET LOCAL search_path TO \"{s}\";"
-        ))
+        )))
         .execute(&mut *tx)
         .await
         .map_err(m)?;

@@ -135,7 +135,7 @@ impl PgStore {
                  FOR VALUES FROM ('{from}') TO ('{to}')",
                 self.qualified("idem_archive")
             );
-            sqlx::query(&create)
+            sqlx::query(sqlx::AssertSqlSafe(create))
                 .execute(&mut *tx)
                 .await
                 .map_err(err("archive partition"))?;
@@ -182,11 +182,11 @@ impl ArchiveLookup for PgStore {
         key: &IdempotencyKey,
     ) -> Result<Option<ArchivedRecord>, StoreError> {
         let digest = idem_core::retention::key_digest(key);
-        let row = sqlx::query(&format!(
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {ARCHIVE_COLS} FROM {} WHERE tenant_id = $1 AND key_digest = $2 \
              ORDER BY archived_at LIMIT 1",
             self.qualified("idem_archive")
-        ))
+        )))
         .bind(tenant.as_str())
         .bind(&digest[..])
         .fetch_optional(&self.pool)
@@ -200,12 +200,12 @@ impl ArchiveLookup for PgStore {
         tenant: Option<&TenantId>,
         result_ref: &str,
     ) -> Result<Vec<ArchivedRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {ARCHIVE_COLS} FROM {} \
              WHERE result_ref = $1 AND ($2::text IS NULL OR tenant_id = $2) \
              ORDER BY archived_at, tenant_id, key_digest",
             self.qualified("idem_archive")
-        ))
+        )))
         .bind(result_ref)
         .bind(tenant.map(|t| t.as_str()))
         .fetch_all(&self.pool)
@@ -222,7 +222,7 @@ impl RetentionStore for PgStore {
     }
 
     async fn now(&self) -> Result<Millis, StoreError> {
-        sqlx::query_scalar(&format!("SELECT {CLOCK} + $1"))
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {CLOCK} + $1")))
             .bind(self.clock.millis())
             .fetch_one(&self.pool)
             .await
@@ -252,14 +252,14 @@ impl RetentionStore for PgStore {
         .execute(&mut *tx)
         .await
         .map_err(err("scan due"))?;
-        let rows = sqlx::query(&format!(
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {RECORD_COLS} FROM {} r \
              WHERE r.tier = $1 AND r.completed_at IS NOT NULL AND r.completed_at < $2 \
                AND r.state IN ('SUCCEEDED', 'FAILED_TERMINAL') \
                AND (r.completed_at, r.tenant_id, r.key) > ($3, $4, $5) \
              ORDER BY r.completed_at, r.tenant_id, r.key LIMIT $6",
             self.table()
-        ))
+        )))
         .bind(tier.as_str())
         .bind(completed_before)
         .bind(c)
@@ -302,7 +302,7 @@ impl RetentionStore for PgStore {
                 })
                 .collect();
             // The dispute tier keeps audit fields only: the lease owner goes too.
-            let n = sqlx::query(&format!(
+            let n = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "UPDATE {t} r SET tier = $1, version = r.version + 1, updated_at = $2,
                    result_headers = COALESCE(u.headers::jsonb, r.result_headers),
                    result_body = CASE WHEN u.headers IS NULL THEN r.result_body END,
@@ -312,7 +312,7 @@ impl RetentionStore for PgStore {
                  WHERE r.tenant_id = u.tenant_id AND r.key = u.key AND r.version = u.version
                    AND r.tier = $7",
                 t = self.table()
-            ))
+            )))
             .bind(to.as_str())
             .bind(now)
             .bind(&tenants)
@@ -335,7 +335,7 @@ impl RetentionStore for PgStore {
         }
         let month = self.archive_partition(now).await?;
         let a = self.qualified("idem_archive");
-        let n: i64 = sqlx::query_scalar(&format!(
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "WITH u AS (
                  SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[],
                                       $5::bytea[])
@@ -359,7 +359,7 @@ impl RetentionStore for PgStore {
              )
              SELECT count(*) FROM del",
             t = self.table()
-        ))
+        )))
         .bind(&tenants)
         .bind(&keys)
         .bind(&versions)
@@ -379,12 +379,12 @@ impl RetentionStore for PgStore {
         lease_before: Millis,
         limit: usize,
     ) -> Result<Vec<StaleRecord>, StoreError> {
-        let rows: Vec<StaleColumns> = sqlx::query_as(&format!(
+        let rows: Vec<StaleColumns> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT tenant_id, key, version, owner, lease_expires_at FROM {} \
              WHERE state = 'PROCESSING' AND lease_expires_at < $1 \
              ORDER BY lease_expires_at LIMIT $2",
             self.table()
-        ))
+        )))
         .bind(lease_before)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(&self.pool)
@@ -407,7 +407,7 @@ impl RetentionStore for PgStore {
         let versions: Vec<i64> = batch.iter().map(|s| s.version).collect();
         // Compare-and-set on version, state and a lease still over (a heartbeat moves the
         // lease without a new version); the event is written by the same statement.
-        let rows: Vec<(String, String)> = sqlx::query_as(&format!(
+        let rows: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "WITH upd AS (
                  UPDATE {t} r SET state = $1, version = r.version + 1,
                         lease_expires_at = NULL, updated_at = $2
@@ -423,7 +423,7 @@ impl RetentionStore for PgStore {
              SELECT tenant_id, key FROM upd",
             t = self.table(),
             e = self.qualified("idem_retention_events"),
-        ))
+        )))
         .bind(RecordState::FailedRetryable.as_str())
         .bind(now)
         .bind(&tenants)
@@ -461,11 +461,12 @@ impl RetentionStore for PgStore {
         let mut out = ArchiveExpiry::default();
         for part in parts {
             let name = self.qualified(&part);
-            let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {name}"))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(err("expire archive"))?;
-            sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {name}"))
+            let rows: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {name}")))
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(err("expire archive"))?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {name}")))
                 .execute(&self.pool)
                 .await
                 .map_err(err("expire archive"))?;
@@ -480,10 +481,10 @@ impl RetentionStore for PgStore {
     }
 
     async fn tier_of(&self, scope: &Scope) -> Result<Option<Tier>, StoreError> {
-        let row = sqlx::query(&format!(
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT tier FROM {} WHERE tenant_id = $1 AND key = $2",
             self.table()
-        ))
+        )))
         .bind(scope.tenant.as_str())
         .bind(scope.key.as_str())
         .fetch_optional(&self.pool)
@@ -493,17 +494,17 @@ impl RetentionStore for PgStore {
     }
 
     async fn usage(&self) -> Result<Vec<TierUsage>, StoreError> {
-        let online: Vec<(String, i64, Option<f64>)> = sqlx::query_as(&format!(
+        let online: Vec<(String, i64, Option<f64>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT tier, count(*), avg(pg_column_size(r.*))::float8 FROM {} r GROUP BY tier",
             self.table()
-        ))
+        )))
         .fetch_all(&self.pool)
         .await
         .map_err(err("usage"))?;
-        let archive: (i64, Option<f64>) = sqlx::query_as(&format!(
+        let archive: (i64, Option<f64>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT count(*), avg(pg_column_size(a.*))::float8 FROM {} a",
             self.qualified("idem_archive")
-        ))
+        )))
         .fetch_one(&self.pool)
         .await
         .map_err(err("usage"))?;
@@ -527,7 +528,7 @@ impl PgStore {
         let mut start = 0u64;
         while start < count {
             let end = (start + CHUNK).min(count);
-            sqlx::query(&format!(
+            sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {} (tenant_id, key, principal, fingerprint, state, version, owner,
                    lease_expires_at, result_status, result_headers, result_body, result_ref,
                    attempts, created_at, updated_at, completed_at)
@@ -537,7 +538,7 @@ impl PgStore {
                    'order-' || $2 || i, 1, $6 - 400, $6, $6
                  FROM generate_series($3::bigint, $4::bigint - 1) AS i",
                 self.table()
-            ))
+            )))
             .bind(tenant.as_str())
             .bind(prefix)
             .bind(i64::try_from(start).unwrap_or(i64::MAX))

@@ -3,6 +3,10 @@
 //! Qualifying the table lets the transactional form run on a caller's connection whose
 //! `search_path` does not include the store's schema.
 
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
 /// Store time: database clock in epoch milliseconds plus the test shift.
 /// `clock_timestamp()`, not `now()`: inside a long transaction `now()` stays at the
 /// transaction start and would make leases look younger than they are.
@@ -34,32 +38,37 @@ fn cols(alias: &str) -> String {
     .join(", ")
 }
 
+/// Built once per store; each use clones an `Arc`, not the text.
+fn shared(sql: String) -> SqlStr {
+    AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str()
+}
+
 pub(crate) struct Statements {
     /// Plain fresh-key insert. `tenant_id`, `key`, `principal`, `fingerprint`, `owner`,
     /// lease ms, shift ms. Returns `version, lease_expires_at, attempts` or nothing.
-    pub claim_fresh: String,
+    pub claim_fresh: SqlStr,
     /// Read-or-insert in one statement. Same parameters as `claim_fresh`; returns the
     /// columns of [`CLAIM_COLS`] (a fresh row, the existing record, or nothing).
-    pub claim: String,
+    pub claim: SqlStr,
     /// The existing record for a claim's decision. `tenant_id`, `key`, shift ms; returns
     /// the existing-record columns of [`CLAIM_COLS`].
-    pub claim_read: String,
+    pub claim_read: SqlStr,
     /// Takeover compare-and-set. The `claim_fresh` parameters, then the version read.
     /// Returns `version, lease_expires_at, attempts` or nothing (lost the race).
-    pub take_over: String,
+    pub take_over: SqlStr,
     /// `tenant_id`, `key`, version, owner, shift, state, status, headers, body, ref,
     /// terminal. Returns the columns `finish` does not know: [`FINISH_COLS`].
-    pub finish: String,
+    pub finish: SqlStr,
     /// `tenant_id`, `key`, version, owner, shift, lease ms.
-    pub extend: String,
+    pub extend: SqlStr,
     /// A final record inserted whole, unless the key has one. `tenant_id`, `key`,
     /// `principal`, `fingerprint`, state, owner, status, headers, body, ref, shift ms.
     /// Returns `created_at` or nothing.
-    pub insert_final: String,
+    pub insert_final: SqlStr,
     /// `tenant_id`, `key`.
-    pub get: String,
+    pub get: SqlStr,
     /// Table name as a string literal parameter for `to_regclass`.
-    pub guard: String,
+    pub guard: SqlStr,
     pub table: String,
 }
 
@@ -233,15 +242,15 @@ impl Statements {
         .to_string();
 
         Statements {
-            claim_fresh,
-            claim,
-            claim_read,
-            take_over,
-            finish,
-            extend,
-            insert_final,
-            get,
-            guard,
+            claim_fresh: shared(claim_fresh),
+            claim: shared(claim),
+            claim_read: shared(claim_read),
+            take_over: shared(take_over),
+            finish: shared(finish),
+            extend: shared(extend),
+            insert_final: shared(insert_final),
+            get: shared(get),
+            guard: shared(guard),
             table: t,
         }
     }

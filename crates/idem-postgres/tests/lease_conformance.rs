@@ -33,12 +33,11 @@ impl PgLeaseHarness {
                 store
                     .pool()
                     .execute(
-                        format!(
+                        sqlx::AssertSqlSafe(format!(
                             "CREATE TABLE IF NOT EXISTS {} \
                              (resource text PRIMARY KEY, value text NOT NULL, token bigint NOT NULL)",
                             self.resource_table()
-                        )
-                        .as_str(),
+                        )),
                     )
                     .await
                     .expect("resource table");
@@ -64,7 +63,7 @@ impl LeaseHarness for PgLeaseHarness {
             "DELETE FROM \"{}\".idem_leases WHERE name = $1",
             self.pg.schema
         );
-        sqlx::query(&sql)
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
             .bind(name.as_str())
             .execute(self.side().await.pool())
             .await
@@ -87,7 +86,7 @@ impl LeaseHarness for PgLeaseHarness {
             .await
             .fenced_write(resource, lease, move |tx| {
                 Box::pin(async move {
-                    sqlx::query(&sql)
+                    sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
                         .bind(resource_owned)
                         .bind(value)
                         .bind(token.get())
@@ -101,10 +100,10 @@ impl LeaseHarness for PgLeaseHarness {
     }
 
     async fn resource_value(&self, resource: &str) -> Option<String> {
-        sqlx::query_scalar(&format!(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT value FROM {} WHERE resource = $1",
             self.resource_table()
-        ))
+        )))
         .bind(resource)
         .fetch_optional(self.side().await.pool())
         .await
@@ -182,16 +181,19 @@ async fn token_counter_cannot_go_back() {
     // Deleted from a session whose search_path does not hold the store's schema: the
     // token still lands in this schema's counter.
     admin.execute("SET search_path TO public").await.unwrap();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DELETE FROM \"{}\".idem_leases WHERE name = $1",
         h.pg.schema
-    ))
+    )))
     .bind(name.as_str())
     .execute(&mut admin)
     .await
     .unwrap();
     admin
-        .execute(format!("SET search_path TO \"{}\"", h.pg.schema).as_str())
+        .execute(sqlx::AssertSqlSafe(format!(
+            "SET search_path TO \"{}\"",
+            h.pg.schema
+        )))
         .await
         .unwrap();
     let b = store

@@ -140,7 +140,7 @@ async fn order_count(store: &PgStore, tenant: &TenantId) -> i64 {
         "SELECT count(*) FROM \"{}\".orders WHERE tenant_id = $1",
         store.schema().unwrap()
     );
-    sqlx::query_scalar(&sql)
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
         .bind(tenant.as_str())
         .fetch_one(store.pool())
         .await
@@ -782,13 +782,10 @@ async fn replay_shortcut_follows_the_record() {
     // The record leaves the online table (as the sweeper's archive move does): the
     // remembered scope must not answer; the claim decides afresh.
     admin
-        .execute(
-            format!(
-                "DELETE FROM idem_records WHERE tenant_id = '{}'",
-                t.as_str()
-            )
-            .as_str(),
-        )
+        .execute(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM idem_records WHERE tenant_id = '{}'",
+            t.as_str()
+        )))
         .await
         .unwrap();
     let again = proceed(store.claim(&req).await.unwrap());

@@ -223,6 +223,9 @@ pub struct RedisOptions {
     /// them first tries a plain `GET` and answers a replay or a mismatch of a finished
     /// record from it. 0 turns the shortcut off.
     pub recent_capacity: usize,
+    /// For `rediss://`: the CA (PEM) the server's certificate must chain to, instead of
+    /// the system's trust store.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisOptions {
@@ -235,6 +238,7 @@ impl Default for RedisOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             client_name: None,
+            ca_file: None,
             recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
         }
     }
@@ -365,14 +369,13 @@ impl RedisStore {
             }
             None => format!("idem-{}", uuid::Uuid::new_v4().simple()),
         };
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::InvalidInput(format!("redis url: {e}")))?;
+        let client = open_client(url, options.ca_file.as_deref())?;
         // One connection attempt per (re)connect: redis-rs backs off at least 1 s between
         // attempts, and a gateway must fail closed quickly rather than hang in an outage.
         // A failed reconnect is retried by the next call.
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(options.connect_timeout)
-            .set_response_timeout(options.response_timeout)
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout))
             .set_number_of_retries(0);
         let setup = async {
             let mut conn = ConnectionManager::new_with_config(client, config).await?;
@@ -496,7 +499,7 @@ impl RedisStore {
     async fn eval(&self, script: &Script, cmd: &redis::Cmd) -> Result<Value, StoreError> {
         let mut conn = self.conn().await;
         match cmd.query_async::<Value>(&mut conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 let loaded = script.prepare_invoke().load_async(&mut conn).await;
                 self.check(loaded)?;
                 self.check(cmd.query_async::<Value>(&mut conn).await)
@@ -671,22 +674,54 @@ pub fn record_key(prefix: &str, scope: &Scope) -> String {
 }
 
 /// Redis error → store error: cannot-serve-now conditions are `Unavailable`.
+/// A client for `url`; a `rediss://` one trusts `ca_file` (PEM) instead of the system's
+/// roots when given.
+pub fn open_client(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<redis::Client, StoreError> {
+    let bad = |e: RedisError| StoreError::InvalidInput(format!("redis url: {e}"));
+    match ca_file {
+        None => redis::Client::open(url).map_err(bad),
+        Some(path) => {
+            let root = std::fs::read(path).map_err(|e| {
+                StoreError::InvalidInput(format!(
+                    "reading the Redis CA file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            if !url.starts_with("rediss://") {
+                return Err(StoreError::InvalidInput(
+                    "a Redis CA file needs a rediss:// URL".into(),
+                ));
+            }
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root),
+                },
+            )
+            .map_err(bad)
+        }
+    }
+}
+
 pub fn map_err(e: &RedisError) -> StoreError {
-    use redis::ErrorKind as K;
+    use redis::{ErrorKind as K, ServerErrorKind as S};
     let unavailable = e.is_io_error()
         || e.is_connection_refusal()
         || e.is_timeout()
         || e.is_connection_dropped()
         || matches!(
             e.kind(),
-            K::BusyLoadingError
-                | K::TryAgain
-                | K::ClusterDown
-                | K::MasterDown
-                | K::ReadOnly
+            K::Server(S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly)
                 | K::ClusterConnectionNotFound
         )
         || matches!(e.code(), Some("BUSY" | "OOM" | "LOADING" | "MASTERDOWN"));
+    if let Some(tls) = idem_net::tls::describe_failure(e) {
+        return StoreError::Unavailable(format!("redis: {tls}"));
+    }
     if unavailable {
         StoreError::Unavailable(format!("redis: {e}"))
     } else {
@@ -945,9 +980,13 @@ mod tests {
         assert!(map_err(&dropped).is_unavailable());
         let timeout: RedisError = std::io::Error::from(std::io::ErrorKind::TimedOut).into();
         assert!(map_err(&timeout).is_unavailable());
-        let loading: RedisError = (redis::ErrorKind::BusyLoadingError, "loading").into();
+        let loading: RedisError = (
+            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading),
+            "loading",
+        )
+            .into();
         assert!(map_err(&loading).is_unavailable());
-        let other: RedisError = (redis::ErrorKind::TypeError, "wrong type").into();
+        let other: RedisError = (redis::ErrorKind::UnexpectedReturnType, "wrong type").into();
         assert_eq!(map_err(&other).kind(), idem_core::ErrorKind::Backend);
     }
 }

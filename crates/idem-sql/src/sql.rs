@@ -511,7 +511,7 @@ impl Sql {
         &self.args
     }
 
-    fn sqlite(&self) -> sqlx::query::Query<'_, Sqlite, SqliteArguments<'_>> {
+    fn sqlite(&self) -> sqlx::query::Query<'_, Sqlite, SqliteArguments> {
         let mut q = sqlx::query(self.text);
         for arg in &self.args {
             q = match arg {
@@ -551,7 +551,7 @@ impl Conn<'_> {
     }
 
     /// Runs a script of statements without parameters (DDL), in order.
-    pub async fn execute_script(&mut self, script: &str) -> Result<(), sqlx::Error> {
+    pub async fn execute_script(&mut self, script: &'static str) -> Result<(), sqlx::Error> {
         match &mut self.conn {
             Borrowed::Sqlite(c) => {
                 sqlx::raw_sql(script).execute(&mut **c).await?;

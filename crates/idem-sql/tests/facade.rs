@@ -48,10 +48,10 @@ impl PgSchema {
 
     async fn drop_schema(self) {
         let pg = self.store.postgres().expect("a PostgreSQL store");
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
             self.schema
-        ))
+        )))
         .execute(pg.pool())
         .await
         .unwrap();

@@ -66,14 +66,14 @@ async fn snapshot(
     clock: &ClockShift,
     name: &LeaseName,
 ) -> Result<LeaseSnapshot, LeaseError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {NOW} AS now_ms, l.name IS NOT NULL AS found, \
            l.owner, l.token, l.acquired_at, l.expires_at, l.renewals, \
            MAX(COALESCE(t.last_token, 0), COALESCE(l.token, 0)) AS last_token \
          FROM (SELECT 1) \
          LEFT JOIN idem_leases l ON l.name = ?2 \
          LEFT JOIN idem_lease_tokens t ON t.name = ?2"
-    ))
+    )))
     .bind(clock.millis())
     .bind(name.as_str())
     .fetch_one(conn)

@@ -278,7 +278,7 @@ impl SqliteStore {
 }
 
 async fn now_on(conn: &mut SqliteConnection, clock: &ClockShift) -> Result<Millis, StoreError> {
-    sqlx::query_scalar(&format!("SELECT {NOW}"))
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {NOW}")))
         .bind(clock.millis())
         .fetch_one(conn)
         .await
@@ -316,9 +316,9 @@ fn record_row(row: &SqliteRow) -> Result<RecordRow, StoreError> {
 }
 
 async fn get_on(conn: &mut SqliteConnection, scope: &Scope) -> Result<Option<Record>, StoreError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {RECORD_COLUMNS} FROM idem_records WHERE tenant_id = ? AND key = ?"
-    ))
+    )))
     .bind(scope.tenant.as_str())
     .bind(scope.key.as_str())
     .fetch_optional(conn)
@@ -333,10 +333,10 @@ async fn get_with_now(
     clock: &ClockShift,
     scope: &Scope,
 ) -> Result<(Millis, Option<Record>), StoreError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT {NOW} AS now_ms, r.tenant_id IS NOT NULL AS found, r.* \
          FROM (SELECT 1) LEFT JOIN idem_records r ON r.tenant_id = ? AND r.key = ?"
-    ))
+    )))
     .bind(clock.millis())
     .bind(scope.tenant.as_str())
     .bind(scope.key.as_str())
@@ -408,13 +408,13 @@ async fn claim_on(
             Verdict::Answer(claim) => return Ok(claim),
             Verdict::TakeOver { existing, kind } => {
                 let _w = lock(writer).await;
-                let taken: Option<(i64, i64, i32)> = sqlx::query_as(&format!(
+                let taken: Option<(i64, i64, i32)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                     "UPDATE idem_records SET state = 'PROCESSING', version = version + 1, \
                        owner = ?, lease_expires_at = {NOW} + ?, attempts = attempts + 1, \
                        updated_at = {NOW} \
                      WHERE tenant_id = ? AND key = ? AND version = ? \
                      RETURNING version, lease_expires_at, attempts"
-                ))
+                )))
                 .bind(req.owner.as_str())
                 .bind(clock.millis())
                 .bind(lease)
@@ -452,12 +452,12 @@ async fn finish_on(
     let w = lock(writer).await;
     // No RETURNING (see claim_on): the write commits as soon as it executes, and the
     // record is read back afterwards without the write lock.
-    let updated = sqlx::query(&format!(
+    let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE idem_records SET state = ?, version = version + 1, lease_expires_at = NULL, \
            result_status = ?, result_headers = ?, result_body = ?, result_ref = ?, \
            updated_at = {NOW}, completed_at = CASE WHEN ? THEN {NOW} END \
          WHERE tenant_id = ? AND key = ? AND version = ? AND owner = ? AND state = 'PROCESSING'"
-    ))
+    )))
     .bind(finish.state.as_str())
     .bind(result.map(|r| i64::from(r.status)))
     .bind(headers)
@@ -514,12 +514,12 @@ impl IdempotencyStore for SqliteStore {
     ) -> Result<Millis, StoreError> {
         let lease = idem_core::store::lease_millis(lease)?;
         let _w = lock(self.writer.as_deref()).await;
-        let deadline: Option<i64> = sqlx::query_scalar(&format!(
+        let deadline: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "UPDATE idem_records SET lease_expires_at = {NOW} + ?, updated_at = {NOW} \
              WHERE tenant_id = ? AND key = ? AND version = ? AND owner = ? \
                AND state = 'PROCESSING' \
              RETURNING lease_expires_at"
-        ))
+        )))
         .bind(self.clock.millis())
         .bind(lease)
         .bind(self.clock.millis())

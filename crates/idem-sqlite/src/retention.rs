@@ -55,9 +55,9 @@ impl ArchiveLookup for SqliteStore {
         key: &IdempotencyKey,
     ) -> Result<Option<ArchivedRecord>, StoreError> {
         let digest = idem_core::retention::key_digest(key);
-        let row = sqlx::query(&format!(
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {ARCHIVE_COLUMNS} FROM idem_archive WHERE tenant_id = ? AND key_digest = ?"
-        ))
+        )))
         .bind(tenant.as_str())
         .bind(&digest[..])
         .fetch_optional(self.pool())
@@ -71,11 +71,11 @@ impl ArchiveLookup for SqliteStore {
         tenant: Option<&TenantId>,
         result_ref: &str,
     ) -> Result<Vec<ArchivedRecord>, StoreError> {
-        let rows = sqlx::query(&format!(
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {ARCHIVE_COLUMNS} FROM idem_archive \
              WHERE result_ref = ? AND (? IS NULL OR tenant_id = ?) \
              ORDER BY archived_at, tenant_id, key_digest"
-        ))
+        )))
         .bind(result_ref)
         .bind(tenant.map(|t| t.as_str()))
         .bind(tenant.map(|t| t.as_str()))
@@ -104,12 +104,12 @@ impl RetentionStore for SqliteStore {
         limit: usize,
     ) -> Result<Vec<DueRecord>, StoreError> {
         let (c, t, k) = ScanCursor::start(after);
-        let rows = sqlx::query(&format!(
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {RECORD_COLUMNS}, tier FROM idem_records \
              WHERE tier = ? AND completed_at IS NOT NULL AND completed_at < ? AND {TERMINAL} \
                AND (completed_at, tenant_id, key) > (?, ?, ?) \
              ORDER BY completed_at, tenant_id, key LIMIT ?"
-        ))
+        )))
         .bind(tier.as_str())
         .bind(completed_before)
         .bind(c)
@@ -159,11 +159,11 @@ impl RetentionStore for SqliteStore {
                 }
                 // A key archived before (a key-expired answer swept again) keeps its first
                 // archive row: that is the evidence of the original execution.
-                sqlx::query(&format!(
+                sqlx::query(sqlx::AssertSqlSafe(format!(
                     "INSERT INTO idem_archive ({ARCHIVE_COLUMNS}) \
                      VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
                      ON CONFLICT (tenant_id, key_digest) DO NOTHING"
-                ))
+                )))
                 .bind(archive.tenant.as_str())
                 .bind(&archive.key_digest[..])
                 .bind(&archive.fingerprint.as_bytes()[..])

@@ -40,6 +40,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Notify};
+use tokio_rustls::TlsAcceptor;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = http_body_util::combinators::BoxBody<Bytes, BoxError>;
@@ -162,6 +163,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A running stub.
 pub struct Stub {
     pub addr: SocketAddr,
+    https: bool,
     pub state: Arc<StubState>,
     stop: Option<oneshot::Sender<()>>,
 }
@@ -173,6 +175,21 @@ impl Stub {
     }
 
     pub async fn start_on(addr: SocketAddr, tenant_header: &str) -> std::io::Result<Stub> {
+        Self::start_with(addr, tenant_header, None).await
+    }
+
+    /// Serves HTTPS on `127.0.0.1:0` with `tls`.
+    pub async fn start_tls(tenant_header: &str, tls: TlsAcceptor) -> std::io::Result<Stub> {
+        let addr = "127.0.0.1:0".parse().expect("address");
+        Self::start_with(addr, tenant_header, Some(tls)).await
+    }
+
+    async fn start_with(
+        addr: SocketAddr,
+        tenant_header: &str,
+        tls: Option<TlsAcceptor>,
+    ) -> std::io::Result<Stub> {
+        let https = tls.is_some();
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(StubState {
@@ -203,12 +220,20 @@ impl Stub {
                         let Ok((stream, _)) = accepted else { continue };
                         let _ = stream.set_nodelay(true);
                         let st = st.clone();
-                        let conn = http.serve_connection(
-                            TokioIo::new(stream),
-                            service_fn(move |req| serve(st.clone(), req)),
-                        );
+                        let service = service_fn(move |req| serve(st.clone(), req));
+                        let http = http.clone();
+                        let tls = tls.clone();
                         tokio::spawn(async move {
-                            let _ = conn.await;
+                            match tls {
+                                None => {
+                                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                                }
+                                Some(tls) => {
+                                    if let Ok(stream) = tls.accept(stream).await {
+                                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                                    }
+                                }
+                            }
                         });
                     }
                     _ = &mut rx => break,
@@ -217,13 +242,20 @@ impl Stub {
         });
         Ok(Stub {
             addr,
+            https,
             state,
             stop: Some(tx),
         })
     }
 
+    /// `http://ADDR`, or `https://localhost:PORT` when serving TLS (test certificates
+    /// name `localhost`).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        if self.https {
+            format!("https://localhost:{}", self.addr.port())
+        } else {
+            format!("http://{}", self.addr)
+        }
     }
 }
 

@@ -373,8 +373,8 @@ impl PgGrowth {
         Self { store }
     }
 
-    async fn sql(&self, sql: &str) -> Result<(), StoreError> {
-        sqlx::raw_sql(sql)
+    async fn sql(&self, sql: String) -> Result<(), StoreError> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(self.store.pool())
             .await
             .map_err(raw)?;
@@ -382,17 +382,20 @@ impl PgGrowth {
     }
 
     async fn count(&self) -> Result<i64, StoreError> {
-        sqlx::query_scalar(&format!("SELECT count(*) FROM {}", self.store.table()))
-            .fetch_one(self.store.pool())
-            .await
-            .map_err(raw)
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}",
+            self.store.table()
+        )))
+        .fetch_one(self.store.pool())
+        .await
+        .map_err(raw)
     }
 
     /// Finished records `from..=to`, shaped like the bench's own (a result of ~60 bytes),
     /// with random-looking keys spread over the growth tenants.
     async fn load(&self, from: i64, to: i64) -> Result<(), StoreError> {
         let t = self.store.table();
-        self.sql(&format!(
+        self.sql(format!(
             "INSERT INTO {t} (tenant_id, key, principal, fingerprint, state, version, owner, \
              lease_expires_at, result_status, result_headers, result_body, result_ref, attempts, \
              created_at, updated_at, completed_at) \
@@ -466,8 +469,7 @@ impl PgGrowth {
 
     pub async fn run(&self) -> Result<Growth, StoreError> {
         eprintln!("growth: {GROWTH_SMALL} stored keys, {GROWTH_CLAIMS} claims");
-        self.sql(&format!("TRUNCATE {}", self.store.table()))
-            .await?;
+        self.sql(format!("TRUNCATE {}", self.store.table())).await?;
         let mut next_id = 1;
         let (small_keys, mut small) = self.measure(GROWTH_SMALL, &mut next_id).await?;
         eprintln!("growth: loading to {GROWTH_LARGE} stored keys, then {GROWTH_CLAIMS} claims");
@@ -522,7 +524,7 @@ impl SqliteBaseline {
 /// pooled connections opened before the DDL would see a stale schema.
 pub(crate) async fn sqlite_pool_after_ddl(
     opts: &idem_sqlite::SqliteOptions,
-    ddl: &str,
+    ddl: &'static str,
 ) -> Result<sqlx::SqlitePool, StoreError> {
     use sqlx::{ConnectOptions, Connection};
     let mut conn = opts.connect_options().connect().await.map_err(raw)?;
@@ -570,23 +572,23 @@ impl Baseline for SqliteBaseline {
     }
 
     async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO idem_bench_naive (tenant_id, key, principal, fingerprint, state, version, owner, \
              lease_expires_at, attempts, created_at, updated_at) VALUES (?, ?, 'bench', ?, 'PROCESSING', 1, \
              'bench', {SQLITE_NOW} + 30000, 1, {SQLITE_NOW}, {SQLITE_NOW}) ON CONFLICT (tenant_id, key) DO NOTHING"
-        ))
+        )))
         .bind(tenant)
         .bind(key)
         .bind(&Fingerprint::of_bytes(b"bench-payload").as_bytes()[..])
         .execute(&self.pool)
         .await
         .map_err(raw)?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE idem_bench_naive SET state = 'SUCCEEDED', version = version + 1, lease_expires_at = NULL, \
              result_status = 201, result_headers = '[[\"content-type\",\"application/json\"]]', result_body = ?, \
              result_ref = 'ord_0192f0c0bench', updated_at = {SQLITE_NOW}, completed_at = {SQLITE_NOW} \
              WHERE tenant_id = ? AND key = ?"
-        ))
+        )))
         .bind(body)
         .bind(tenant)
         .bind(key)
@@ -634,9 +636,9 @@ impl PgBaseline {
             .connect(url)
             .await
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE TABLE IF NOT EXISTS {schema}.idem_bench_naive (LIKE {schema}.idem_records INCLUDING ALL)"
-        ))
+        )))
         .execute(&pool)
         .await
         .map_err(raw)?;
@@ -659,23 +661,23 @@ impl Baseline for PgBaseline {
 
     async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {
         let s = &self.schema;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {s}.idem_bench_naive (tenant_id, key, principal, fingerprint, state, version, owner, \
              lease_expires_at, attempts, created_at, updated_at) VALUES ($1, $2, 'bench', $3, 'PROCESSING', 1, \
              'bench', {PG_NOW} + 30000, 1, {PG_NOW}, {PG_NOW}) ON CONFLICT (tenant_id, key) DO NOTHING"
-        ))
+        )))
         .bind(tenant)
         .bind(key)
         .bind(&Fingerprint::of_bytes(b"bench-payload").as_bytes()[..])
         .execute(&self.pool)
         .await
         .map_err(raw)?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {s}.idem_bench_naive SET state = 'SUCCEEDED', version = version + 1, lease_expires_at = NULL, \
              result_status = 201, result_headers = '[[\"content-type\",\"application/json\"]]'::jsonb, result_body = $1, \
              result_ref = 'ord_0192f0c0bench', updated_at = {PG_NOW}, completed_at = {PG_NOW} \
              WHERE tenant_id = $2 AND key = $3"
-        ))
+        )))
         .bind(body)
         .bind(tenant)
         .bind(key)
@@ -686,10 +688,10 @@ impl Baseline for PgBaseline {
     }
 
     async fn replay(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT * FROM {}.idem_bench_naive WHERE tenant_id = $1 AND key = $2",
             self.schema
-        ))
+        )))
         .bind(tenant)
         .bind(key)
         .fetch_one(&self.pool)

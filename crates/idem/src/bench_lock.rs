@@ -44,20 +44,20 @@ impl RawLock for SqliteRaw {
 
     async fn cycle(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         const NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
-        let token: i64 = sqlx::query_scalar(&format!(
+        let token: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "INSERT INTO idem_bench_locks (name, owner, token, expires_at) VALUES (?1, ?2, 1, {NOW} + 30000) \
              ON CONFLICT (name) DO UPDATE SET owner = ?2, token = idem_bench_locks.token + 1, \
              expires_at = {NOW} + 30000 WHERE idem_bench_locks.expires_at <= {NOW} RETURNING token"
-        ))
+        )))
         .bind(name)
         .bind(owner)
         .fetch_one(&self.0)
         .await
         .map_err(raw)?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE idem_bench_locks SET expires_at = {NOW} WHERE name = ?1 AND owner = ?2 AND token = ?3 \
              RETURNING token"
-        ))
+        )))
         .bind(name)
         .bind(owner)
         .bind(token)
@@ -82,20 +82,20 @@ impl RawLock for PgRaw {
     async fn cycle(&self, name: &str, owner: &str) -> Result<(), StoreError> {
         const NOW: &str = "((extract(epoch from clock_timestamp()) * 1000)::bigint)";
         let s = &self.schema;
-        let token: i64 = sqlx::query_scalar(&format!(
+        let token: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {s}.idem_bench_locks AS l (name, owner, token, expires_at) VALUES ($1, $2, 1, {NOW} + 30000) \
              ON CONFLICT (name) DO UPDATE SET owner = $2, token = l.token + 1, expires_at = {NOW} + 30000 \
              WHERE l.expires_at <= {NOW} RETURNING token"
-        ))
+        )))
         .bind(name)
         .bind(owner)
         .fetch_one(&self.pool)
         .await
         .map_err(raw)?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {s}.idem_bench_locks SET expires_at = {NOW} WHERE name = $1 AND owner = $2 AND token = $3 \
              RETURNING token"
-        ))
+        )))
         .bind(name)
         .bind(owner)
         .bind(token)
@@ -200,9 +200,9 @@ async fn targets(
                 .connect(&url)
                 .await
                 .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            sqlx::query(
-                &SQL_TABLE.replace("idem_bench_locks", &format!("{schema}.idem_bench_locks")),
-            )
+            sqlx::query(sqlx::AssertSqlSafe(
+                SQL_TABLE.replace("idem_bench_locks", &format!("{schema}.idem_bench_locks")),
+            ))
             .execute(&pool)
             .await
             .map_err(raw)?;

@@ -89,12 +89,27 @@ enum Command {
         /// Address to listen on (default 127.0.0.1:8080, or the config file's).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
-        /// The upstream base URL (http://host:port).
+        /// The upstream base URL (http://host:port or https://host[:port]).
         #[arg(long)]
         upstream: Option<String>,
-        /// Share the short window through Redis with other gateway instances.
+        /// A private CA (PEM) an https:// upstream's certificate may chain to, besides
+        /// the Mozilla roots.
+        #[arg(long, env = "IDEM_UPSTREAM_CA_FILE", value_name = "PATH")]
+        upstream_ca_file: Option<std::path::PathBuf>,
+        /// Share the short window through Redis with other gateway instances
+        /// (redis:// or rediss://).
         #[arg(long)]
         redis_url: Option<String>,
+        /// For rediss://: the CA (PEM) the Redis server's certificate must chain to,
+        /// instead of the system's trust store.
+        #[arg(long, env = "IDEM_REDIS_CA_FILE", value_name = "PATH")]
+        redis_ca_file: Option<std::path::PathBuf>,
+        /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+        #[arg(long, env = "IDEM_TLS_CERT", value_name = "PATH", requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// The private key (PEM) of --tls-cert.
+        #[arg(long, env = "IDEM_TLS_KEY", value_name = "PATH", requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
         /// JSON config: routes, API keys → tenants, windows, timeouts.
         #[arg(long)]
         config: Option<std::path::PathBuf>,
@@ -118,9 +133,24 @@ enum Command {
         /// Read the admin token from this file (its first line).
         #[arg(long, value_name = "PATH")]
         admin_token_file: Option<std::path::PathBuf>,
-        /// Relay the outbox to NATS JetStream instead of in process.
+        /// Relay the outbox to NATS JetStream instead of in process (nats:// or tls://).
         #[arg(long, env = "IDEM_NATS_URL", hide_env_values = true)]
         nats_url: Option<String>,
+        /// A private CA (PEM) the NATS server's certificate may chain to.
+        #[arg(
+            long,
+            env = "IDEM_NATS_CA_FILE",
+            value_name = "PATH",
+            requires = "nats_url"
+        )]
+        nats_ca_file: Option<std::path::PathBuf>,
+        /// Serve HTTPS with this certificate chain (PEM); needs --tls-key. The metrics
+        /// listener serves HTTPS too.
+        #[arg(long, env = "IDEM_TLS_CERT", value_name = "PATH", requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// The private key (PEM) of --tls-cert.
+        #[arg(long, env = "IDEM_TLS_KEY", value_name = "PATH", requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
         /// How often the retention sweeper runs beside the server (0s: never).
         #[arg(long, value_parser = lock::parse_duration, default_value = "5m")]
         sweep_every: Duration,
@@ -678,6 +708,9 @@ async fn run(
             admin_token,
             admin_token_file,
             nats_url,
+            nats_ca_file,
+            tls_cert,
+            tls_key,
             sweep_every,
             header_read_timeout,
             body_read_timeout,
@@ -694,6 +727,9 @@ async fn run(
                     admin_token,
                     admin_token_file,
                     nats_url,
+                    nats_ca_file,
+                    tls: idem_net::tls::CertFiles::pair(tls_cert, tls_key)
+                        .map_err(StoreError::InvalidInput)?,
                     sweep_every,
                     header_read_timeout,
                     body_read_timeout,
@@ -841,7 +877,11 @@ async fn run(
         Command::Gateway {
             listen,
             upstream,
+            upstream_ca_file,
             redis_url,
+            redis_ca_file,
+            tls_cert,
+            tls_key,
             config,
         } => {
             let gw_err = |e: idem_gateway::GatewayError| StoreError::InvalidInput(e.to_string());
@@ -864,6 +904,21 @@ async fn run(
             if redis_url.is_some() {
                 cfg.redis_url = redis_url;
             }
+            if upstream_ca_file.is_some() {
+                cfg.upstream_ca_file = upstream_ca_file;
+            }
+            if redis_ca_file.is_some() {
+                cfg.redis_ca_file = redis_ca_file;
+            }
+            if tls_cert.is_some() {
+                cfg.tls_cert_file = tls_cert;
+                cfg.tls_key_file = tls_key;
+            }
+            let scheme = if cfg.tls_cert_file.is_some() {
+                "https"
+            } else {
+                "http"
+            };
             let window = cfg.redis_url.as_deref().map_or_else(
                 || "in memory".to_string(),
                 |u| format!("in Redis at {}", open::redact(u)),
@@ -871,7 +926,7 @@ async fn run(
             let upstream = cfg.upstream.clone();
             let shutdown = signal::shutdown()?;
             let (addr, served) = idem_gateway::bind(cfg, shutdown).await.map_err(gw_err)?;
-            println!("idem gateway on http://{addr} → {upstream} (window {window})");
+            println!("idem gateway on {scheme}://{addr} → {upstream} (window {window})");
             served
                 .await
                 .map_err(|e| StoreError::Backend(format!("gateway task: {e}")))?

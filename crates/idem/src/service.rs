@@ -34,6 +34,8 @@ pub struct ServeArgs {
     pub admin_token: Option<String>,
     pub admin_token_file: Option<PathBuf>,
     pub nats_url: Option<String>,
+    pub nats_ca_file: Option<PathBuf>,
+    pub tls: Option<idem_net::tls::CertFiles>,
     pub sweep_every: Duration,
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
@@ -217,6 +219,7 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
         subject_prefix: tuning.nats_subject_prefix.clone(),
         durable_prefix: tuning.nats_durable_prefix.clone(),
         ack_wait: tuning.nats_ack_wait,
+        ca_file: args.nats_ca_file.clone(),
         ..idem_orders::NatsOptions::new(url.clone())
     });
     let config = ServeConfig {
@@ -225,6 +228,7 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
         api_keys: api_keys(&args)?,
         admin_token: admin_token(&args)?,
         nats_url: args.nats_url,
+        tls: args.tls,
         options: ServiceOptions {
             timeouts: HttpTimeouts {
                 header_read: args.header_read_timeout,

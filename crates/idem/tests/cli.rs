@@ -128,7 +128,7 @@ fn drill_on_postgres_in_its_own_schema() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let pool = rt.block_on(async {
         let pool = sqlx::PgPool::connect(&base).await.unwrap();
-        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
             .execute(&pool)
             .await
             .unwrap();
@@ -154,17 +154,19 @@ fn drill_on_postgres_in_its_own_schema() {
         assert_eq!(out.status.code(), Some(1));
         // The guard check reads the live catalog.
         rt.block_on(async {
-            sqlx::query(&format!("DROP INDEX {schema}.idem_records_scope_uq"))
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP INDEX {schema}.idem_records_scope_uq"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
         });
         let out = idem(&url, &["drill", "--duplicates", "8", "--json"]);
         assert!(!out.status.success());
         assert_eq!(json(&out)["unique_guard"], false);
     }));
     rt.block_on(async {
-        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
             .execute(&pool)
             .await
             .unwrap();

@@ -96,14 +96,17 @@ async fn copy(from: &Db, to: &Db) {
             let mut c = SqliteConnection::connect(&format!("sqlite://{}", a.display()))
                 .await
                 .unwrap();
-            sqlx::query(&format!("VACUUM INTO '{}'", b.display()))
-                .execute(&mut c)
-                .await
-                .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "VACUUM INTO '{}'",
+                b.display()
+            )))
+            .execute(&mut c)
+            .await
+            .unwrap();
         }
         (Db::Pg { url, schema: a }, Db::Pg { schema: b, .. }) => {
             let mut c = PgConnection::connect(url).await.unwrap();
-            c.execute(format!("CREATE SCHEMA {b}").as_str())
+            c.execute(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {b}")))
                 .await
                 .unwrap();
             let tables: Vec<String> =
@@ -113,13 +116,14 @@ async fn copy(from: &Db, to: &Db) {
                     .await
                     .unwrap();
             for t in tables {
-                c.execute(format!("CREATE TABLE {b}.{t} (LIKE {a}.{t} INCLUDING ALL)").as_str())
-                    .await
-                    .unwrap();
-                c.execute(
-                    format!("INSERT INTO {b}.{t} OVERRIDING SYSTEM VALUE SELECT * FROM {a}.{t}")
-                        .as_str(),
-                )
+                c.execute(sqlx::AssertSqlSafe(format!(
+                    "CREATE TABLE {b}.{t} (LIKE {a}.{t} INCLUDING ALL)"
+                )))
+                .await
+                .unwrap();
+                c.execute(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO {b}.{t} OVERRIDING SYSTEM VALUE SELECT * FROM {a}.{t}"
+                )))
                 .await
                 .unwrap();
             }
@@ -133,9 +137,11 @@ async fn copy(from: &Db, to: &Db) {
             .unwrap();
             for (v, definition) in views {
                 let definition = definition.replace(&format!("{a}."), &format!("{b}."));
-                c.execute(format!("CREATE VIEW {b}.{v} AS {definition}").as_str())
-                    .await
-                    .unwrap();
+                c.execute(sqlx::AssertSqlSafe(format!(
+                    "CREATE VIEW {b}.{v} AS {definition}"
+                )))
+                .await
+                .unwrap();
             }
             // Identity columns got fresh sequences: move them past the copied rows.
             let identities: Vec<(String, String)> = sqlx::query_as(
@@ -147,13 +153,10 @@ async fn copy(from: &Db, to: &Db) {
             .await
             .unwrap();
             for (t, col) in identities {
-                c.execute(
-                    format!(
-                        "SELECT setval(pg_get_serial_sequence('{b}.{t}', '{col}'), \
+                c.execute(sqlx::AssertSqlSafe(format!(
+                    "SELECT setval(pg_get_serial_sequence('{b}.{t}', '{col}'), \
                          COALESCE((SELECT MAX({col}) FROM {b}.{t}), 0) + 1, false)"
-                    )
-                    .as_str(),
-                )
+                )))
                 .await
                 .unwrap();
             }
@@ -262,7 +265,7 @@ async fn postgres_kill_half_way_then_rerun() {
     let id = uuid::Uuid::now_v7().simple().to_string();
     let (sa, sb) = (format!("idem_rec_a_{id}"), format!("idem_rec_b_{id}"));
     admin
-        .execute(format!("CREATE SCHEMA {sa}").as_str())
+        .execute(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {sa}")))
         .await
         .unwrap();
     let run = tokio::spawn(kill_half_way_then_rerun(
@@ -278,7 +281,9 @@ async fn postgres_kill_half_way_then_rerun() {
     .await;
     for s in [&sa, &sb] {
         let _ = admin
-            .execute(format!("DROP SCHEMA IF EXISTS {s} CASCADE").as_str())
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {s} CASCADE"
+            )))
             .await;
     }
     if let Err(e) = run {

@@ -754,10 +754,10 @@ fn break_inserts(path: &Path, table: &str, message: &str) {
         let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
             .await
             .unwrap();
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE TRIGGER break_{table} BEFORE INSERT ON {table} \
              BEGIN SELECT RAISE(ABORT, '{message}'); END"
-        ))
+        )))
         .execute(&mut conn)
         .await
         .unwrap();

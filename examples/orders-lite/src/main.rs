@@ -169,7 +169,7 @@ async fn open(cli: &Cli, schema: &str, fresh: bool) -> Result<App, BoxError> {
     let store = PgStore::connect(&cli.database_url, options).await?;
     // The schema name was validated by `connect`; the pool's search_path is the schema.
     if fresh {
-        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
             .execute(store.pool())
             .await
             .map_err(|e| format!("creating schema {schema}: {e}"))?;
@@ -213,7 +213,7 @@ async fn main() -> Result<(), BoxError> {
             let app = open(&cli, &schema, true).await?;
             let outcome = self_check(app.clone(), &cli.token).await;
             // Dropped whatever the outcome, so a failed run leaves nothing behind.
-            sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
                 .execute(app.store.pool())
                 .await?;
             let summary = outcome?;

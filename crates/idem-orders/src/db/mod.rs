@@ -272,7 +272,7 @@ impl Conn<'_> {
     }
 
     /// A script of statements without parameters (DDL).
-    pub(crate) async fn execute_script(&mut self, script: &str) -> Result<(), Error> {
+    pub(crate) async fn execute_script(&mut self, script: &'static str) -> Result<(), Error> {
         Ok(self.0.execute_script(script).await?)
     }
 

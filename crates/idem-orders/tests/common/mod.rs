@@ -78,6 +78,7 @@ impl Env {
             ],
             admin_token: Some(ADMIN.into()),
             nats_url: None,
+            tls: None,
             options: ServiceOptions {
                 pg_schema: self.pg_schema.clone(),
                 chain: ChainOptions {
@@ -119,8 +120,10 @@ impl Env {
 async fn drop_schema(url: &str, schema: &str) -> Result<(), sqlx::Error> {
     let mut conn = PgConnection::connect(url).await?;
     conn.execute("SET lock_timeout = '30s'").await?;
-    conn.execute(format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str())
-        .await?;
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .await?;
     conn.close().await
 }
 

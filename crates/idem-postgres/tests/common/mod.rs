@@ -60,9 +60,12 @@ impl PgHarness {
         let mut conn = PgConnection::connect(&self.url)
             .await
             .expect("admin connect");
-        conn.execute(format!("SET search_path TO \"{}\"", self.schema).as_str())
-            .await
-            .expect("set search_path");
+        conn.execute(sqlx::AssertSqlSafe(format!(
+            "SET search_path TO \"{}\"",
+            self.schema
+        )))
+        .await
+        .expect("set search_path");
         conn
     }
 }
@@ -116,8 +119,10 @@ async fn drop_schema(url: &str, schema: &str) -> Result<(), sqlx::Error> {
     let mut conn = PgConnection::connect(url).await?;
     // A session of a dropped pool may still be closing; wait for its locks, not forever.
     conn.execute("SET lock_timeout = '30s'").await?;
-    conn.execute(format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str())
-        .await?;
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .await?;
     conn.close().await
 }
 

@@ -85,8 +85,10 @@ impl Drop for PgSchema {
                 use sqlx::{Connection, Executor};
                 let mut c = sqlx::PgConnection::connect(&url).await?;
                 c.execute("SET lock_timeout = '30s'").await?;
-                c.execute(format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str())
-                    .await?;
+                c.execute(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                )))
+                .await?;
                 c.close().await
             })
         })
