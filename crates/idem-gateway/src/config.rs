@@ -35,7 +35,8 @@ pub struct GatewayConfig {
     /// neither.
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
-    /// Share the short window through Redis (`redis://host:port[/db]`); `None` keeps it in
+    /// Share the short window through Redis (`redis://host:port[/db]`, `rediss://…` for
+    /// TLS, `redis+cluster://host:port,host:port` for a Redis Cluster); `None` keeps it in
     /// this process's memory.
     pub redis_url: Option<String>,
     /// For `rediss://`: the CA (PEM) the Redis server's certificate must chain to,

@@ -65,7 +65,7 @@ impl Window {
                 })
             }
             Some(url) => {
-                let client = idem_redis::open_client(url.as_str(), config.redis_ca_file.as_deref())
+                let client = idem_redis::pubsub_client(url.as_str(), config.redis_ca_file.as_deref())
                     .map_err(|e| GatewayError::Config(format!("redis_url: {e}")))?;
                 let client_name: String = format!("idem-gw-{instance}")
                     .chars()

@@ -418,39 +418,22 @@ impl LeaseStore for RedisStore {
     async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
         // `:le:{`: event lists only, not the keys of a store whose prefix extends ours.
         let pattern = format!("{}:le:{{*", glob_escape(self.prefix()));
-        let mut conn = self.conn().await;
-        let mut cursor: u64 = 0;
         let mut left = limit;
-        loop {
-            let (next, keys): (u64, Vec<String>) = self.check(
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await,
-            )?;
-            for key in keys {
-                if left == 0 {
-                    break;
-                }
-                // A list holds at most LEASE_EVENTS_KEPT events.
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(TRIM.get_hash())
-                    .arg(1)
-                    .arg(&key)
-                    .arg(before)
-                    .arg(left.min(LEASE_EVENTS_KEPT));
-                let n = num(&self.eval(&TRIM, &cmd).await?)?;
-                left = left.saturating_sub(usize::try_from(n).unwrap_or(0));
+        for key in self.scan_keys(&pattern).await.map_err(LeaseError::from)? {
+            if left == 0 {
+                break;
             }
-            if next == 0 || left == 0 {
-                return Ok((limit - left) as u64);
-            }
-            cursor = next;
+            // A list holds at most LEASE_EVENTS_KEPT events.
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(TRIM.get_hash())
+                .arg(1)
+                .arg(&key)
+                .arg(before)
+                .arg(left.min(LEASE_EVENTS_KEPT));
+            let n = num(&self.eval(&TRIM, &cmd).await?)?;
+            left = left.saturating_sub(usize::try_from(n).unwrap_or(0));
         }
+        Ok((limit - left) as u64)
     }
 }
 

@@ -138,6 +138,13 @@
 //! it in `CLIENT LIST`.
 //!
 //! Requires Redis 5 or newer (scripts write after reading `TIME`).
+//!
+//! # Redis Cluster
+//!
+//! `redis+cluster://host:port,host:port` (or `rediss+cluster://`) connects to a cluster
+//! through its seeds ([`conn`]). Every key carries a hash tag of its scope or lease, so a
+//! script's keys share a slot; `SCAN` walks each primary. A cluster connection has no
+//! client name, and the fault tests that kill named connections run on one server only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -150,6 +157,8 @@ use idem_core::{
     OwnerId, RecentKeys, Record, RecordState, Scope, StoreError, StoreLimits,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+mod conn;
 use redis::{RedisError, Script, Value};
 
 mod clock;
@@ -306,7 +315,7 @@ fn parse_version(text: &str) -> (u32, u32, u32) {
 /// Idempotency records in Redis. Cheap to clone; clones share one connection.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: conn::Conn,
     inner: Arc<Inner>,
 }
 
@@ -317,6 +326,8 @@ struct Inner {
     clock: ClockShift,
     client_name: String,
     server: ServerInfo,
+    /// Set for a Redis Cluster: its seeds, to reach each primary.
+    cluster: Option<conn::ClusterSeeds>,
     /// Set after a connection error: the next command first re-applies the client name
     /// (a reconnected connection starts unnamed).
     rename: AtomicBool,
@@ -354,7 +365,7 @@ impl RedisStore {
                 "redis retention must be positive".into(),
             ));
         }
-        let client_name = match options.client_name {
+        let client_name = match options.client_name.clone() {
             Some(name) => {
                 let ok = !name.is_empty()
                     && name
@@ -369,6 +380,9 @@ impl RedisStore {
             }
             None => format!("idem-{}", uuid::Uuid::new_v4().simple()),
         };
+        if let Some(seeds) = conn::ClusterSeeds::parse(url, options.ca_file.as_deref())? {
+            return Self::connect_cluster(seeds, options, client_name).await;
+        }
         let client = open_client(url, options.ca_file.as_deref())?;
         // One connection attempt per (re)connect: redis-rs backs off at least 1 s between
         // attempts, and a gateway must fail closed quickly rather than hang in an outage.
@@ -401,7 +415,67 @@ impl RedisStore {
             }
         };
         tracing::debug!(prefix = %options.prefix, client_name = %client_name, %server, "redis store connected");
-        Ok(Self {
+        Ok(Self::assemble(
+            conn::Conn::Single(conn),
+            options,
+            client_name,
+            server,
+            None,
+        ))
+    }
+
+    /// A Redis Cluster: the cluster connection for the records and leases (each command
+    /// routed by its key's slot), `INFO` from the first seed. Cluster connections carry
+    /// no client name (there is one connection per node).
+    async fn connect_cluster(
+        seeds: conn::ClusterSeeds,
+        options: RedisOptions,
+        client_name: String,
+    ) -> Result<Self, StoreError> {
+        let setup = async {
+            let cluster = seeds
+                .connect(options.connect_timeout, options.response_timeout)
+                .await
+                .map_err(|e| map_err(&e))?;
+            let seed = seeds.nodes[0]
+                .strip_prefix(&seeds.base)
+                .unwrap_or(&seeds.nodes[0])
+                .to_string();
+            let mut node = seeds.node(&seed).await?;
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut node)
+                .await
+                .map_err(|e| map_err(&e))?;
+            Ok::<_, StoreError>((cluster, ServerInfo::parse(&info)))
+        };
+        let (cluster, server) = match tokio::time::timeout(options.connect_timeout, setup).await {
+            Ok(connected) => connected?,
+            Err(_) => {
+                return Err(StoreError::Unavailable(format!(
+                    "redis cluster setup timed out after {} ms",
+                    options.connect_timeout.as_millis()
+                )))
+            }
+        };
+        tracing::debug!(prefix = %options.prefix, seeds = seeds.nodes.len(), %server, "redis cluster store connected");
+        Ok(Self::assemble(
+            conn::Conn::Cluster(cluster),
+            options,
+            client_name,
+            server,
+            Some(seeds),
+        ))
+    }
+
+    fn assemble(
+        conn: conn::Conn,
+        options: RedisOptions,
+        client_name: String,
+        server: ServerInfo,
+        cluster: Option<conn::ClusterSeeds>,
+    ) -> Self {
+        Self {
             conn,
             inner: Arc::new(Inner {
                 prefix: options.prefix,
@@ -410,6 +484,7 @@ impl RedisStore {
                 clock: options.clock,
                 client_name,
                 server,
+                cluster,
                 rename: AtomicBool::new(false),
                 claim: Script::new(CLAIM_LUA),
                 finish: Script::new(FINISH_LUA),
@@ -417,7 +492,7 @@ impl RedisStore {
                 recent: RecentKeys::new(options.recent_capacity),
                 server_clock: clock::ServerClock::new(),
             }),
-        })
+        }
     }
 
     pub fn prefix(&self) -> &str {
@@ -450,12 +525,36 @@ impl RedisStore {
         self.check(res)
     }
 
+    /// Whether this store is on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster.is_some()
+    }
+
+    /// Every key matching `pattern`: one server's `SCAN`, or each primary's in a cluster.
+    pub(crate) async fn scan_keys(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
+        match &self.inner.cluster {
+            None => {
+                let mut conn = self.conn().await;
+                self.check(conn::scan(&mut conn, pattern).await)
+            }
+            Some(seeds) => {
+                let mut all = Vec::new();
+                for primary in seeds.primaries().await? {
+                    let mut node = seeds.node(&primary).await?;
+                    all.extend(self.check(conn::scan(&mut node, pattern).await)?);
+                }
+                Ok(all)
+            }
+        }
+    }
+
     /// The connection, with the client name re-applied first when a connection error
     /// may have replaced it.
-    async fn conn(&self) -> ConnectionManager {
+    async fn conn(&self) -> conn::Conn {
         let mut conn = self.conn.clone();
         // Load first: a swap on every call would write the shared flag each time.
-        if self.inner.rename.load(Ordering::Relaxed)
+        if matches!(conn, conn::Conn::Single(_))
+            && self.inner.rename.load(Ordering::Relaxed)
             && self.inner.rename.swap(false, Ordering::SeqCst)
         {
             let res = redis::cmd("CLIENT")
@@ -704,6 +803,18 @@ pub fn open_client(
             )
             .map_err(bad)
         }
+    }
+}
+
+/// A client for publish/subscribe beside a store on `url`: the server itself, or a
+/// cluster's first seed (a cluster broadcasts `PUBLISH` to every node).
+pub fn pubsub_client(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<redis::Client, StoreError> {
+    match conn::ClusterSeeds::parse(url, ca_file)? {
+        Some(seeds) => open_client(&seeds.nodes[0], ca_file),
+        None => open_client(url, ca_file),
     }
 }
 

@@ -58,12 +58,7 @@ impl RedisLeaseHarness {
     }
 
     async fn del(&self, keys: &[&str]) {
-        let mut admin = self.redis.admin().await;
-        let _: i64 = redis::cmd("DEL")
-            .arg(keys)
-            .query_async(&mut admin)
-            .await
-            .expect("DEL");
+        self.redis.del(keys).await;
     }
 }
 
@@ -149,6 +144,15 @@ idem_conformance::lease_tests!(harness());
 mod valkey {
     async fn harness() -> Option<super::RedisLeaseHarness> {
         super::on(super::RedisHarness::valkey().await).await
+    }
+
+    idem_conformance::lease_tests!(harness());
+}
+
+/// The same scenarios on a three-node Redis Cluster.
+mod cluster {
+    async fn harness() -> Option<super::RedisLeaseHarness> {
+        super::on(super::RedisHarness::cluster().await).await
     }
 
     idem_conformance::lease_tests!(harness());

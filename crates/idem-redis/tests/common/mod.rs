@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +55,8 @@ pub struct RedisHarness {
     pub retention: Duration,
     /// Whether the server was reached (only then is there anything to clean up).
     connected: bool,
+    /// On the test process's own cluster, which dies with it: nothing to clean up.
+    pub cluster: bool,
 }
 
 impl RedisHarness {
@@ -71,6 +75,57 @@ impl RedisHarness {
         Self::on(Server::Redis, retention).await
     }
 
+    /// The same against a three-node Redis Cluster this test process started.
+    pub async fn cluster() -> Option<Self> {
+        let url = match tokio::task::spawn_blocking(cluster::url).await {
+            Ok(Ok(url)) => url,
+            Ok(Err(e)) => {
+                idem_conformance::skip_or_fail("a Redis Cluster (redis-server, redis-cli)", &e);
+                return None;
+            }
+            Err(e) => panic!("starting the cluster: {e}"),
+        };
+        let h = RedisHarness {
+            url,
+            prefix: format!("idem-test-{}", uuid::Uuid::new_v4().simple()),
+            clock: ClockShift::new(),
+            retention: Duration::from_secs(600),
+            connected: false,
+            cluster: true,
+        };
+        h.store().await.expect("connect to the test cluster");
+        Some(h)
+    }
+
+    /// Deletes `keys` (all of one hash tag), on a single server or the cluster.
+    pub async fn del(&self, keys: &[&str]) {
+        if self.cluster {
+            let nodes = self
+                .url
+                .trim_start_matches("redis+cluster://")
+                .split(',')
+                .map(|h| format!("redis://{h}"))
+                .collect::<Vec<_>>();
+            let mut conn = redis::cluster::ClusterClient::new(nodes)
+                .unwrap()
+                .get_async_connection()
+                .await
+                .expect("cluster admin connection");
+            let _: i64 = redis::cmd("DEL")
+                .arg(keys)
+                .query_async(&mut conn)
+                .await
+                .expect("DEL");
+        } else {
+            let mut admin = self.admin().await;
+            let _: i64 = redis::cmd("DEL")
+                .arg(keys)
+                .query_async(&mut admin)
+                .await
+                .expect("DEL");
+        }
+    }
+
     pub async fn on(server: Server, retention: Duration) -> Option<Self> {
         let mut h = RedisHarness {
             url: server.url(),
@@ -78,6 +133,7 @@ impl RedisHarness {
             clock: ClockShift::new(),
             retention,
             connected: false,
+            cluster: false,
         };
         match h.store().await {
             Ok(_) => {
