@@ -65,8 +65,9 @@ impl Window {
                 })
             }
             Some(url) => {
-                let client = idem_redis::pubsub_client(url.as_str(), config.redis_ca_file.as_deref())
-                    .map_err(|e| GatewayError::Config(format!("redis_url: {e}")))?;
+                let client =
+                    idem_redis::pubsub_client(url.as_str(), config.redis_ca_file.as_deref())
+                        .map_err(|e| GatewayError::Config(format!("redis_url: {e}")))?;
                 let client_name: String = format!("idem-gw-{instance}")
                     .chars()
                     .map(|c| {

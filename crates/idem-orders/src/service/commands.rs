@@ -267,10 +267,15 @@ impl Orders {
             }
             s if s.is_paid() => current,
             from => {
-                // Charged for an order that moved on meanwhile (only possible after a
-                // lost lease): keep the evidence of the charge for reconciliation.
+                // Charged for an order that moved on meanwhile: this pay lost the
+                // order's lease (a stopped process) and a cancel ran in between. The
+                // charge is recorded, and refunded under the order's refund key (the
+                // provider answers the same refund however often it is asked), so a
+                // cancelled order never keeps a charge.
+                let refunded = self.refund_stray_charge(&mut c, &current, now).await;
                 tx.commit().await?;
-                tracing::error!(order = %order.order_id, %from, "charge for an order that is no longer payable");
+                tracing::error!(order = %order.order_id, %from, refunded = refunded.is_ok(), "charge for an order that is no longer payable");
+                refunded?;
                 return Err(IllegalTransition {
                     from,
                     event: OrderEvent::PaymentConfirmed,
@@ -279,6 +284,37 @@ impl Orders {
             }
         };
         Ok((tx, confirmed))
+    }
+
+    /// Refunds a charge that landed on an order no longer payable, recording the refund
+    /// in `c` (the transaction that records the charge).
+    async fn refund_stray_charge(
+        &self,
+        c: &mut crate::db::Conn<'_>,
+        order: &Order,
+        now: i64,
+    ) -> Result<(), OrderError> {
+        let key = refund_key(&order.order_id);
+        let receipt = self
+            .inner
+            .provider
+            .refund(&order.tenant_id, &key, &order.order_id, order.amount_cents)
+            .await?;
+        if ledgers::record_payment(
+            c,
+            &order.tenant_id,
+            &order.order_id,
+            "refund",
+            &key,
+            &receipt.provider_ref,
+            receipt.amount_cents,
+            now,
+        )
+        .await?
+        {
+            self.inner.metrics.payment("refund");
+        }
+        Ok(())
     }
 
     /// Cancels an order: unpaid → cancelled; paid → refund_pending → (refund under
