@@ -504,6 +504,24 @@ fn rejected(state: &AppState, e: OrderError) -> ApiError {
 // ---------------------------------------------------------------------------------------
 // Tenant API
 
+#[utoipa::path(
+    post,
+    path = "/v1/orders",
+    summary = "Create an order (order, hold and order.created in one transaction with the key's record)",
+    request_body = crate::service::NewOrder,
+    responses(
+        (status = 201, description = "Created; a replay carries the same body and Idempotent-Replayed: true", body = crate::views::OrderView),
+        (status = 409, description = "Sold out", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown show, quantity out of range or invalid fields", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("bearer" = []))
+)]
 async fn create_order(
     State(state): State<AppState>,
     caller: Caller,
@@ -524,6 +542,24 @@ async fn create_order(
 }
 
 /// The legacy behaviour: no key, every arrival mints a new order id.
+#[utoipa::path(
+    post,
+    path = "/v1/legacy/orders",
+    summary = "The pre-idem behaviour (demo only): no key, a new order per arrival",
+    request_body = crate::service::NewOrder,
+    responses(
+        (status = 201, description = "Created", body = crate::views::OrderView),
+        (status = 409, description = "Sold out", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown show, quantity out of range or invalid fields", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("bearer" = []))
+)]
 async fn legacy_create_order(
     State(state): State<AppState>,
     caller: Caller,
@@ -646,6 +682,22 @@ async fn create_final(
     Ok(Some(answer))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{order_id}/pay",
+    summary = "Pay (charge under pay:{order_id}, then confirm); concurrent pays make one charge",
+    params(("order_id" = String, Path, description = "The order")),
+    responses(
+        (status = 200, description = "Paid (now or before)", body = crate::views::OrderView),
+        (status = 202, description = "Queued: payment-confirm is frozen for this order; it runs on unfreeze", body = crate::views::OrderView),
+        (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The order cannot be paid from its status", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("bearer" = []))
+)]
 async fn pay_order(
     State(state): State<AppState>,
     caller: Caller,
@@ -673,6 +725,21 @@ async fn pay_order(
     Ok(answer.into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{order_id}/cancel",
+    summary = "Cancel (refunding under refund:{order_id} when paid); the hold is released by the chain",
+    params(("order_id" = String, Path, description = "The order")),
+    responses(
+        (status = 200, description = "Cancelled (now or before)", body = crate::views::OrderView),
+        (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A ticketed order cannot be cancelled", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("bearer" = []))
+)]
 async fn cancel_order(
     State(state): State<AppState>,
     caller: Caller,
@@ -696,6 +763,20 @@ async fn cancel_order(
     Ok(answer.into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{order_id}",
+    summary = "An order with its payments, hold, ticket, messages, active freezes and history",
+    params(("order_id" = String, Path, description = "The order")),
+    responses(
+        (status = 200, description = "The order", body = crate::views::OrderView),
+        (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("bearer" = []))
+)]
 async fn get_order(
     State(state): State<AppState>,
     caller: Caller,
@@ -706,6 +787,19 @@ async fn get_order(
     Ok(Answer::json(StatusCode::OK, &view, None)?.into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/orders",
+    summary = "List the tenant's orders, oldest first",
+    params(crate::ledgers::OrderFilter),
+    responses(
+        (status = 200, description = "Orders, oldest first", body = crate::views::OrderList),
+        (status = 400, description = "Invalid query parameters", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("bearer" = []))
+)]
 async fn list_orders(
     State(state): State<AppState>,
     caller: Caller,
@@ -717,6 +811,20 @@ async fn list_orders(
 }
 
 /// The gateway's state query: what this tenant's key holds, without replaying it.
+#[utoipa::path(
+    get,
+    path = "/v1/idempotency-keys/{key}",
+    summary = "The key's state and result reference for this tenant (the gateway's state query)",
+    params(("key" = String, Path, description = "The idempotency key")),
+    responses(
+        (status = 200, description = "The record's state", body = Object),
+        (status = 400, description = "Invalid idempotency key", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No record for this key (state ABSENT)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("bearer" = []))
+)]
 async fn key_state(
     State(state): State<AppState>,
     caller: Caller,
@@ -804,8 +912,8 @@ async fn key_state(
 // ---------------------------------------------------------------------------------------
 // Admin API
 
-#[derive(Debug, Deserialize)]
-struct FreezeBody {
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct FreezeBody {
     scope: String,
     /// A list, or a comma-separated string.
     what: WhatList,
@@ -817,9 +925,9 @@ struct FreezeBody {
     actor: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
-enum WhatList {
+pub(crate) enum WhatList {
     Text(String),
     List(Vec<String>),
 }
@@ -850,6 +958,18 @@ impl FreezeBody {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/admin/freezes",
+    summary = "Active freezes and their history (admin token)",
+    responses(
+        (status = 200, description = "Active freezes and their history", body = Object),
+        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("admin" = []))
+)]
 async fn list_freezes(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -865,6 +985,25 @@ async fn list_freezes(
     .into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/freezes",
+    summary = "Freeze payment-confirm, ticketing and/or inventory-release for user:U, show:S or all (admin token)",
+    request_body = FreezeBody,
+    responses(
+        (status = 201, description = "Frozen", body = Object),
+        (status = 200, description = "Already frozen", body = Object),
+        (status = 422, description = "Invalid scope or what", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("admin" = []))
+)]
 async fn post_freeze(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -882,6 +1021,24 @@ async fn post_freeze(
     Ok(Answer::json(status, &change, None)?.into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/admin/unfreeze",
+    summary = "End freezes; the queued work resumes (admin token)",
+    request_body = FreezeBody,
+    responses(
+        (status = 200, description = "Unfrozen", body = Object),
+        (status = 422, description = "Invalid scope or what", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("admin" = []))
+)]
 async fn post_unfreeze(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -896,8 +1053,8 @@ async fn post_unfreeze(
     Ok(Answer::json(StatusCode::OK, &change, None)?.into_response())
 }
 
-#[derive(Debug, Deserialize)]
-struct ShowBody {
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct ShowBody {
     #[serde(default)]
     title: Option<String>,
     capacity: i64,
@@ -909,6 +1066,25 @@ struct ShowBody {
 
 /// Creates a show for a tenant if it does not exist (an existing show is returned as
 /// it is: stock is a ledger, not a setting).
+#[utoipa::path(
+    put,
+    path = "/v1/admin/shows/{tenant}/{show_id}",
+    summary = "Create a show for a tenant if missing (admin token)",
+    params(("tenant" = String, Path), ("show_id" = String, Path)), request_body = ShowBody,
+    responses(
+        (status = 201, description = "Created", body = Object),
+        (status = 200, description = "Existed", body = Object),
+        (status = 422, description = "Invalid show or tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("admin" = []))
+)]
 async fn put_show(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -951,6 +1127,16 @@ async fn put_show(
 // ---------------------------------------------------------------------------------------
 // Public
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    summary = "Liveness and database reachability",
+    responses(
+        (status = 200, description = "ok", body = Object),
+        (status = 503, description = "The database does not answer", body = Object)
+    ),
+    security(())
+)]
 async fn healthz(State(state): State<AppState>) -> Response {
     let ok = match state.db().acquire().await {
         Ok(mut conn) => conn
@@ -974,12 +1160,31 @@ async fn healthz(State(state): State<AppState>) -> Response {
 
 /// `/livez`: the process serves HTTP. Nothing else is checked, so a slow database never
 /// gets a live process restarted.
+#[utoipa::path(
+    get,
+    path = "/livez",
+    summary = "Liveness: the process serves HTTP",
+    responses(
+        (status = 200, description = "alive", body = Object)
+    ),
+    security(())
+)]
 async fn livez() -> Response {
     axum::Json(json!({ "status": "alive" })).into_response()
 }
 
 /// `/readyz`: 200 only when the database answers, its schemas are the ones this build
 /// needs, and no shutdown has begun; otherwise 503 with the check that failed.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    summary = "Readiness: database reachable, schemas current, not shutting down",
+    responses(
+        (status = 200, description = "ready", body = Object),
+        (status = 503, description = "not ready, with the reason", body = Object)
+    ),
+    security(())
+)]
 async fn readyz(State(state): State<AppState>) -> Response {
     let draining = state.draining.load(std::sync::atomic::Ordering::Relaxed);
     let schema = state.db().schema_status().await;
@@ -1026,6 +1231,17 @@ fn readiness(
 
 /// `/metrics` on the main address: the admin token is required (the series describe
 /// every tenant's traffic).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    summary = "Prometheus metrics (the admin token; or without credentials on --metrics-listen)",
+    responses(
+        (status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json")
+    ),
+    security(("admin" = []))
+)]
 async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
     if state.admin_token.is_none() {
         return Err(ApiError::new(
@@ -1102,6 +1318,15 @@ async fn refresh_after_change(state: &AppState) {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    summary = "This document",
+    responses(
+        (status = 200, description = "OpenAPI 3.1", body = Object)
+    ),
+    security(())
+)]
 async fn openapi(State(state): State<AppState>) -> Response {
     axum::Json((*state.openapi).clone()).into_response()
 }

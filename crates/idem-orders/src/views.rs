@@ -18,7 +18,7 @@ pub fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HoldView {
     pub hold_id: String,
     pub quantity: i64,
@@ -45,7 +45,7 @@ impl From<&Hold> for HoldView {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PaymentView {
     pub payment_id: String,
     /// `charge` or `refund`.
@@ -71,7 +71,7 @@ impl From<&Payment> for PaymentView {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TicketView {
     pub ticket_id: String,
     pub quantity: i64,
@@ -88,7 +88,7 @@ impl From<&Ticket> for TicketView {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MessageView {
     pub message_id: String,
     pub topic: String,
@@ -108,7 +108,7 @@ impl From<&Message> for MessageView {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TransitionView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
@@ -135,7 +135,7 @@ impl From<&Transition> for TransitionView {
 
 /// An order as the API shows it. The create response carries the order and its hold;
 /// reads add the other ledgers, the active freezes that apply to it and its history.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderView {
     pub order_id: String,
     pub status: OrderStatus,
@@ -168,6 +168,7 @@ pub struct OrderView {
     pub messages: Option<Vec<MessageView>>,
     /// Active freezes that hold this order's automatic chain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
     pub frozen: Option<Vec<Freeze>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transitions: Option<Vec<TransitionView>>,
@@ -203,7 +204,7 @@ impl OrderView {
 }
 
 /// A page of orders.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OrderList {
     pub orders: Vec<OrderView>,
 }

@@ -762,7 +762,20 @@ async fn public_endpoints(env: Env) {
             .any(|p| p["$ref"] == "#/components/parameters/IdempotencyKey"),
         "the layer's parameter is merged in"
     );
-    assert!(spec["paths"]["/v1/admin/freezes"]["post"].is_object());
+    // The admin API is not behind the layer: no key parameter, no layer problems.
+    let freeze = &spec["paths"]["/v1/admin/freezes"]["post"];
+    assert!(freeze.is_object());
+    assert!(freeze["parameters"].is_null(), "{freeze:#}");
+    // Every operation that needs credentials documents their refusal.
+    for (route, item) in spec["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let public = op["security"] == json!([{}]);
+            assert!(
+                public || op["responses"]["401"].is_object(),
+                "{method} {route} does not document 401"
+            );
+        }
+    }
     s.create(T1, "m-1", "U", "S-204", 1).await;
     s.create(T1, "m-1", "U", "S-204", 1).await;
     let text = s.metrics().await;

@@ -159,7 +159,8 @@ pub(crate) async fn order(
 }
 
 /// Filters for listing orders.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct OrderFilter {
     pub user_id: Option<String>,
     pub show_id: Option<String>,

@@ -20,7 +20,7 @@ use crate::machine::{IllegalTransition, OrderEvent, OrderStatus};
 use crate::views::OrderView;
 
 /// The body of `POST /v1/orders`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NewOrder {
     pub user_id: String,
     pub show_id: String,
