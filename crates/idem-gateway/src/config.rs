@@ -384,7 +384,23 @@ impl GatewayConfig {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path)
             .map_err(|e| GatewayError::Config(format!("reading {}: {e}", path.display())))?;
-        Self::from_json(&text).map_err(|e| GatewayError::Config(format!("{}: {e}", path.display())))
+        let toml = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+        let parsed = if toml {
+            Self::from_toml(&text)
+        } else {
+            Self::from_json(&text)
+        };
+        parsed.map_err(|e| GatewayError::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses and validates a TOML configuration (the same fields as the JSON form).
+    pub fn from_toml(text: &str) -> Result<Self, GatewayError> {
+        let config: GatewayConfig =
+            toml::from_str(text).map_err(|e| GatewayError::Config(e.to_string()))?;
+        config.check(config.upstream.is_empty())?;
+        Ok(config)
     }
 
     /// Parses and validates a JSON configuration (an absent `upstream` is allowed here:

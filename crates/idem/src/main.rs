@@ -19,6 +19,7 @@ mod log;
 mod open;
 mod reconcile;
 mod service;
+mod settings;
 mod signal;
 mod sweep;
 
@@ -110,12 +111,17 @@ enum Command {
         /// The private key (PEM) of --tls-cert.
         #[arg(long, env = "IDEM_TLS_KEY", value_name = "PATH", requires = "tls_cert")]
         tls_key: Option<std::path::PathBuf>,
-        /// JSON config: routes, API keys → tenants, windows, timeouts.
-        #[arg(long)]
+        /// The gateway's configuration (TOML, or JSON): routes, API keys → tenants,
+        /// windows, timeouts. Its flags override the file.
+        #[arg(long, env = "IDEM_CONFIG", value_name = "PATH")]
         config: Option<std::path::PathBuf>,
     },
     /// Run the ticketing order service (SQLite by default, or PostgreSQL).
     Serve {
+        /// Settings from a TOML file whose keys are these flags; a flag or its
+        /// environment variable wins over the file.
+        #[arg(long, env = "IDEM_CONFIG", value_name = "PATH")]
+        config: Option<std::path::PathBuf>,
         /// Address to listen on (default 127.0.0.1:8080).
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
@@ -513,7 +519,16 @@ fn kind_name(kind: idem_core::ErrorKind) -> &'static str {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let cmd = settings::with_env(Cli::command());
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = cmd.clone().get_matches_from(args.clone());
+    let matches = match settings::apply_config_file(&cmd, matches, args) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let json = wants_json(&matches);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = log::init(cli.log_format) {
@@ -702,6 +717,7 @@ async fn run(
                 },
         } => sweep::bench(url, records, concurrency, batch, duty, json).await,
         Command::Serve {
+            config: _,
             listen,
             api_keys,
             api_keys_file,

@@ -1154,3 +1154,103 @@ fn the_operations_kit_names_what_the_servers_export() {
         }
     }
 }
+
+/// `idem serve --config FILE`: the file's settings apply, a flag beats the file and so
+/// does the flag's environment variable; an unknown key stops the start.
+#[tokio::test]
+async fn a_config_file_sets_what_flags_and_environment_leave_open() {
+    let db = db();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("serve.toml");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics_port = {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        free.local_addr().unwrap().port()
+    };
+    std::fs::write(
+        &file,
+        format!(
+            "# flag > IDEM_* > file > default\n\
+             listen = \"{}\"\n\
+             api_key = [\"acme=file-secret-key-0001\"]\n\
+             metrics-listen = \"127.0.0.1:0\"\n\
+             header-read-timeout = \"5s\"\n",
+            taken.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let env_metrics = format!("127.0.0.1:{metrics_port}");
+    let path = file.to_str().unwrap();
+    let s = Serve::start(
+        &db,
+        &["--config", path],
+        &[("IDEM_METRICS_LISTEN", env_metrics.as_str())],
+    );
+    // The flag's --listen 127.0.0.1:0 won over the file's (taken) address.
+    assert_ne!(s.addr, taken.local_addr().unwrap().to_string());
+    // The environment won over the file's metrics address.
+    assert_eq!(s.metrics_addr.as_deref(), Some(env_metrics.as_str()));
+    // The file's API key is the one the server accepts.
+    let http = reqwest::Client::new();
+    let ok = get(&http, s.url("/v1/orders"), Some("file-secret-key-0001")).await;
+    assert_eq!(ok.status, 200, "{}", ok.text);
+    drop(s);
+
+    std::fs::write(&file, "sweep-every = \"1m\"\nno-such-setting = 1\n").unwrap();
+    let out = idem(&db.url, &["serve", "--config", path]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no-such-setting") && err.contains("serve.toml"),
+        "{err}"
+    );
+}
+
+/// `idem gateway --config FILE.toml`: the gateway's configuration in TOML.
+#[test]
+fn the_gateway_reads_a_toml_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.toml");
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:0\"\n\
+         upstream = \"http://127.0.0.1:9\"\n\
+         window_ms = 60000\n\
+         [[routes]]\n\
+         methods = [\"POST\"]\n\
+         path = \"/v1/*\"\n\
+         key = \"required\"\n",
+    )
+    .unwrap();
+    let mut child = command(
+        "sqlite://unused",
+        &["gateway", "--config", file.to_str().unwrap()],
+        &[],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn idem gateway");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let status = child.wait().unwrap();
+    assert!(
+        line.starts_with("idem gateway on http://127.0.0.1:")
+            && line.contains("http://127.0.0.1:9"),
+        "{line} ({status})"
+    );
+    // A TOML syntax error names the file.
+    std::fs::write(&file, "upstream = \n").unwrap();
+    let out = command(
+        "sqlite://unused",
+        &["gateway", "--config", file.to_str().unwrap()],
+        &[],
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gateway.toml"));
+}
