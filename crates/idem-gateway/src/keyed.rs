@@ -91,7 +91,10 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
         Joined::Lead(lead, follower) => {
             let span = tracing::info_span!(
                 "keyed",
-                request_id = crate::service::request_id().as_deref().unwrap_or("-")
+                request_id = crate::service::request_id().as_deref().unwrap_or("-"),
+                tenant = %req.scope.tenant,
+                key = %req.scope.key,
+                store_ms = tracing::field::Empty,
             );
             // A task of its own, so a client hanging up cannot cancel the flight.
             tokio::spawn(tracing::Instrument::instrument(

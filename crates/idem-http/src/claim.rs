@@ -102,6 +102,9 @@ where
         }
     };
     let fingerprint = fingerprint(&shared, &parts, &uri, &identity, &body);
+    let span = tracing::Span::current();
+    span.record("tenant", identity.tenant.as_str());
+    span.record("key", key.as_str());
     let claim_request = ClaimRequest {
         scope: Scope::new(identity.tenant.clone(), key),
         principal: identity.principal.clone(),

@@ -245,9 +245,18 @@ where
         let shared = self.shared.clone();
         // A task of its own from here: a client that hangs up cannot cancel a claim
         // half-written or strand a record PROCESSING for its whole lease.
-        let task = tokio::spawn(
-            crate::claim::serve(shared, inner, request, rules).instrument(tracing::Span::current()),
+        // One span per keyed request: who, which key, what the layer decided and how
+        // long the store took (filled in as they become known).
+        let span = tracing::info_span!(
+            parent: tracing::Span::current(),
+            "idempotency",
+            tenant = tracing::field::Empty,
+            key = tracing::field::Empty,
+            decision = tracing::field::Empty,
+            store_ms = tracing::field::Empty,
         );
+        let task =
+            tokio::spawn(crate::claim::serve(shared, inner, request, rules).instrument(span));
         ResponseFuture {
             kind: Kind::Keyed { task },
         }

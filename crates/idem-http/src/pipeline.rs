@@ -278,7 +278,11 @@ pub async fn claim(
     let mut waiting: Option<(Instant, Box<dyn Waiter>)> = None;
     let mut cancelled = std::pin::pin!(cut_off.cancelled());
     loop {
-        let lease_left = match Turn::of(store.claim(request).await?) {
+        let asked = Instant::now();
+        let answer = store.claim(request).await;
+        // The request's span (the layer's and the gateway's) carries the store's latency.
+        tracing::Span::current().record("store_ms", asked.elapsed().as_secs_f64() * 1000.0);
+        let lease_left = match Turn::of(answer?) {
             Turn::InProgress { lease_left } => lease_left,
             turn => return Ok(done(turn, &waiting)),
         };
