@@ -14,6 +14,7 @@ use std::time::Duration;
 use http::Method;
 use idem_core::{Fingerprinter, OutcomePolicy, Principal, TenantId};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::error::GatewayError;
 use crate::routes::{KeyRule, PathPattern};
@@ -395,6 +396,47 @@ impl GatewayConfig {
         parsed.map_err(|e| GatewayError::Config(format!("{}: {e}", path.display())))
     }
 
+    /// Each top-level setting from its environment variable when set: `IDEM_` and the
+    /// field in upper case (`IDEM_WINDOW_MS=60000`, `IDEM_REDIS_URL=…`; a list or table
+    /// as JSON, `IDEM_ROUTES='[…]'`). Applied over the file, under the command line's
+    /// flags.
+    pub fn with_env(
+        self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, GatewayError> {
+        let vars: BTreeMap<String, String> = vars
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("IDEM_"))
+            .collect();
+        let mut value = serde_json::to_value(&self)
+            .map_err(|e| GatewayError::Config(format!("settings: {e}")))?;
+        let Some(fields) = value.as_object_mut() else {
+            return Ok(self);
+        };
+        let mut changed = false;
+        for (name, current) in fields.iter_mut() {
+            let var = format!("IDEM_{}", name.to_ascii_uppercase());
+            let Some(text) = vars.get(&var) else {
+                continue;
+            };
+            let bad = |e: &dyn std::fmt::Display| GatewayError::Config(format!("{var}: {e}"));
+            *current = match current {
+                Value::Number(_) | Value::Bool(_) | Value::Array(_) | Value::Object(_) => {
+                    serde_json::from_str(text).map_err(|e| bad(&e))?
+                }
+                _ => Value::String(text.clone()),
+            };
+            changed = true;
+        }
+        if !changed {
+            return Ok(self);
+        }
+        let config: GatewayConfig = serde_json::from_value(value)
+            .map_err(|e| GatewayError::Config(format!("settings from the environment: {e}")))?;
+        config.check(config.upstream.is_empty())?;
+        Ok(config)
+    }
+
     /// Parses and validates a TOML configuration (the same fields as the JSON form).
     pub fn from_toml(text: &str) -> Result<Self, GatewayError> {
         let config: GatewayConfig =
@@ -670,5 +712,35 @@ mod tests {
         ] {
             assert!(GatewayConfig::from_json(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_environment_sets_what_the_file_leaves_open() {
+        let file = GatewayConfig::from_toml(
+            "upstream = \"http://127.0.0.1:9000\"\nwindow_ms = 5000\nmax_wait_ms = 7000\n",
+        )
+        .unwrap();
+        let vars = [
+            ("IDEM_WINDOW_MS", "60000"),
+            ("IDEM_REDIS_URL", "redis://127.0.0.1:6379"),
+            ("IDEM_TRUSTED_PROXIES", r#"["10.0.0.0/8"]"#),
+            ("IDEM_REQUIRE_SERVICES", "1"),
+            ("OTHER_WINDOW_MS", "1"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let c = file.with_env(vars).unwrap();
+        assert_eq!(c.window_ms, 60_000);
+        assert_eq!(c.max_wait_ms, 7_000, "the file's, no variable set");
+        assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:6379"));
+        assert_eq!(c.trusted_proxies, ["10.0.0.0/8"]);
+        let bad = GatewayConfig::default()
+            .with_env([("IDEM_WINDOW_MS".to_string(), "soon".to_string())])
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("IDEM_WINDOW_MS"), "{bad}");
+        let invalid = GatewayConfig::default()
+            .with_env([("IDEM_WINDOW_MS".to_string(), "0".to_string())])
+            .unwrap_err();
+        assert!(invalid.to_string().contains("window_ms"), "{invalid}");
     }
 }

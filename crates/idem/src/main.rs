@@ -901,10 +901,12 @@ async fn run(
             config,
         } => {
             let gw_err = |e: idem_gateway::GatewayError| StoreError::InvalidInput(e.to_string());
-            let mut cfg = match config {
+            let cfg = match config {
                 Some(path) => idem_gateway::GatewayConfig::from_file(path).map_err(gw_err)?,
                 None => idem_gateway::GatewayConfig::default(),
             };
+            // flag > IDEM_* variable > file > default.
+            let mut cfg = cfg.with_env(std::env::vars()).map_err(gw_err)?;
             if let Some(l) = listen {
                 cfg.listen = l;
             }

@@ -6,8 +6,9 @@
 //! `--help`, else `IDEM_` and the flag in upper snake case (`--sweep-every` →
 //! `IDEM_SWEEP_EVERY`). `idem serve`'s file is TOML whose keys are its flags
 //! (`sweep-every = "1m"` or `sweep_every`; lists for repeatable flags, `true` for
-//! switches). The gateway's file is its own configuration (TOML, or JSON), and its flags
-//! override what the file says. Secrets belong in files (`--api-keys-file`,
+//! switches). The gateway's file is its own configuration (TOML, or JSON); each of its
+//! top-level settings also comes from `IDEM_` and the field in upper case
+//! (`GatewayConfig::with_env`), and its flags override both. Secrets belong in files (`--api-keys-file`,
 //! `--admin-token-file`), never in a file of settings that others may read.
 //!
 //! Owns this layering only; what each setting means stays with its command.
