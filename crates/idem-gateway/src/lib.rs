@@ -247,10 +247,24 @@ async fn start_with(
             source,
         })?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, https = tls.is_some(), upstream = %ctx.config.upstream, window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
+    tracing::info!(%addr, https = tls.is_some(), upstream = %without_userinfo(&ctx.config.upstream), window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
     let metrics = ctx.metrics.clone();
     let handle = tokio::spawn(serve(listener, tls, ctx, shutdown));
     Ok((addr, metrics, handle))
+}
+
+/// A URL for logs: any `user:password@` dropped.
+fn without_userinfo(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find('/').unwrap_or(rest.len());
+            match rest[..end].rfind('@') {
+                Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    }
 }
 
 /// Waits until no keyed execution is in flight, or `until`.

@@ -255,6 +255,13 @@ where
             decision = tracing::field::Empty,
             store_ms = tracing::field::Empty,
         );
+        // Below its level the span is disabled, and a task instrumented with it would
+        // lose the caller's span (its request id) too.
+        let span = if span.is_disabled() {
+            tracing::Span::current()
+        } else {
+            span
+        };
         let task =
             tokio::spawn(crate::claim::serve(shared, inner, request, rules).instrument(span));
         ResponseFuture {

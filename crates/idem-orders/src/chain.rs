@@ -141,7 +141,8 @@ async fn connect_client(options: &NatsOptions) -> Result<async_nats::Client, Err
                     ca.display()
                 )));
             }
-            connect = connect.add_root_certificates(ca.clone());
+            // A CA file means TLS: never fall back to plain text with one.
+            connect = connect.add_root_certificates(ca.clone()).require_tls(true);
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let (why, permanent) = match tokio::time::timeout(left, connect.connect(&options.url)).await

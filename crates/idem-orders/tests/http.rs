@@ -27,7 +27,66 @@ on_both_stores!(
     public_endpoints,
     a_claim_left_past_its_lease_shows_in_a_gauge,
     a_create_writes_its_record_once_and_final,
+    a_charge_that_lands_on_a_cancelled_order_is_refunded,
 );
+
+/// A pay that lost the order's lease can charge after a cancel ran (its process was
+/// stopped in between). Whatever charge the provider holds for a cancelled order is
+/// recorded and refunded: by that pay, or by any later pay of the order.
+async fn a_charge_that_lands_on_a_cancelled_order_is_refunded(env: Env) {
+    let s = env.start().await;
+    let id = s.create(T1, "stray-1", "U-s", "S-204", 1).await.order_id();
+    let cancelled = s
+        .post(
+            &format!("/v1/orders/{id}/cancel"),
+            T1,
+            Some("stray-c"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(cancelled.body["status"], "cancelled", "{}", cancelled.body);
+    // The stopped pay's charge reaches the provider after the cancel.
+    let order = s.order(T1, &id).await;
+    let amount = order["amount_cents"].as_i64().unwrap();
+    s.server
+        .orders()
+        .provider()
+        .charge("t1", &idem_orders::service::pay_key(&id), &id, amount)
+        .await
+        .unwrap();
+    let pay = s
+        .post(
+            &format!("/v1/orders/{id}/pay"),
+            T1,
+            Some("stray-p"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(pay.status, 409, "{}", pay.body);
+    let view = s.order(T1, &id).await;
+    assert_eq!(view["status"], "cancelled");
+    let mut kinds: Vec<&str> = view["payments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["charge", "refund"], "{view:#}");
+    // Asking again changes nothing: one charge, one refund.
+    let again = s
+        .post(
+            &format!("/v1/orders/{id}/pay"),
+            T1,
+            Some("stray-p2"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(again.status, 409);
+    let counts = s.server.orders().counts("t1").await.unwrap();
+    assert_eq!((counts.charges, counts.refunds), (1, 1));
+    s.shutdown().await;
+}
 
 /// The one-commit create: the record is inserted whole with the order (version 1, no
 /// lease, never PROCESSING), and a retry replays it.

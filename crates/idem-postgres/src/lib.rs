@@ -113,8 +113,6 @@ impl Default for PgOptions {
     }
 }
 
-/// Schema names are spliced into DDL and `search_path`, so only plain lower-case
-/// identifiers are accepted (no quoting games, no case folding surprises).
 /// A `sslrootcert` the URL names must be readable: the driver would only say "No such
 /// file or directory" at the first connection, without the path.
 fn check_root_cert(url: &str) -> Result<(), StoreError> {
@@ -154,6 +152,8 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Schema names are spliced into DDL and `search_path`, so only plain lower-case
+/// identifiers are accepted (no quoting games, no case folding surprises).
 fn validate_schema(name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
         && name.len() <= 63

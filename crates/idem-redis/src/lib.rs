@@ -328,6 +328,8 @@ struct Inner {
     server: ServerInfo,
     /// Set for a Redis Cluster: its seeds, to reach each primary.
     cluster: Option<conn::ClusterSeeds>,
+    /// Bound on each command (a cluster's per-node walks are bounded by a multiple).
+    response_timeout: Duration,
     /// Set after a connection error: the next command first re-applies the client name
     /// (a reconnected connection starts unnamed).
     rename: AtomicBool,
@@ -485,6 +487,7 @@ impl RedisStore {
                 client_name,
                 server,
                 cluster,
+                response_timeout: options.response_timeout,
                 rename: AtomicBool::new(false),
                 claim: Script::new(CLAIM_LUA),
                 finish: Script::new(FINISH_LUA),
@@ -538,12 +541,20 @@ impl RedisStore {
                 self.check(conn::scan(&mut conn, pattern).await)
             }
             Some(seeds) => {
-                let mut all = Vec::new();
-                for primary in seeds.primaries().await? {
-                    let mut node = seeds.node(&primary).await?;
-                    all.extend(self.check(conn::scan(&mut node, pattern).await)?);
-                }
-                Ok(all)
+                // Each node's walk is bounded: a hung primary must not stall the caller.
+                let bound = self.inner.response_timeout * 10;
+                let timed_out = || StoreError::Unavailable("redis cluster scan timed out".into());
+                let walk = async {
+                    let mut all = Vec::new();
+                    for primary in seeds.primaries().await? {
+                        let mut node = seeds.node(&primary).await?;
+                        all.extend(self.check(conn::scan(&mut node, pattern).await)?);
+                    }
+                    Ok(all)
+                };
+                tokio::time::timeout(bound, walk)
+                    .await
+                    .map_err(|_| timed_out())?
             }
         }
     }

@@ -84,8 +84,14 @@ pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let creds = &url[s + 3..at];
+            let scheme = &url[..s];
             match creds.split_once(':') {
-                Some((user, _)) => format!("{}://{user}:***@{}", &url[..s], &url[at + 1..]),
+                Some((user, _)) => format!("{scheme}://{user}:***@{}", &url[at + 1..]),
+                // A lone user part is a token for NATS, Redis and HTTP (`nats://TOKEN@h`);
+                // for PostgreSQL it is the user name.
+                None if !matches!(scheme, "postgres" | "postgresql" | "sqlite") => {
+                    format!("{scheme}://***@{}", &url[at + 1..])
+                }
                 None => url.to_string(),
             }
         }
@@ -244,6 +250,12 @@ mod tests {
         );
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact("sqlite://./a@b.db"), "sqlite://./a@b.db");
+        assert_eq!(redact("nats://s3cr3t@h:4222"), "nats://***@h:4222");
+        assert_eq!(redact("tls://s3cr3t@h:4222"), "tls://***@h:4222");
+        assert_eq!(
+            redact("https://u:pw@up.example"),
+            "https://u:***@up.example"
+        );
     }
 
     #[test]

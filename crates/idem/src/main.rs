@@ -521,8 +521,7 @@ fn kind_name(kind: idem_core::ErrorKind) -> &'static str {
 async fn main() -> ExitCode {
     let cmd = settings::with_env(Cli::command());
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let matches = cmd.clone().get_matches_from(args.clone());
-    let matches = match settings::apply_config_file(&cmd, matches, args) {
+    let matches = match settings::parse(&cmd, args) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("error: {e}");
@@ -941,7 +940,7 @@ async fn run(
                 || "in memory".to_string(),
                 |u| format!("in Redis at {}", open::redact(u)),
             );
-            let upstream = cfg.upstream.clone();
+            let upstream = open::redact(&cfg.upstream);
             let shutdown = signal::shutdown()?;
             let (addr, served) = idem_gateway::bind(cfg, shutdown).await.map_err(gw_err)?;
             println!("idem gateway on {scheme}://{addr} → {upstream} (window {window})");

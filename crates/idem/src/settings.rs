@@ -39,30 +39,60 @@ pub fn with_env(cmd: Command) -> Command {
                 .collect();
             ids.into_iter().fold(sub, |sub, id| {
                 let var = format!("IDEM_{}", id.to_ascii_uppercase());
-                sub.mut_arg(id, |a| a.env(var))
+                // Values stay out of `--help`: a URL there may carry a password.
+                sub.mut_arg(id, |a| a.env(var).hide_env_values(true))
             })
         });
     }
     cmd
 }
 
-/// The matches with `idem serve`'s config file applied: each setting of the file becomes
-/// its flag unless the command line or the environment already set it.
-pub fn apply_config_file(
+/// Parses `args`, with `idem serve`'s config file applied: each setting of the file
+/// becomes its flag unless the command line or the environment already set it. What the
+/// file completes (a flag another requires) is checked only once it is applied; help,
+/// version and every other parse error exit as clap makes them.
+pub fn parse(cmd: &Command, args: Vec<OsString>) -> Result<ArgMatches, String> {
+    let first = cmd.clone().try_get_matches_from(args.clone());
+    let matches = match first {
+        Ok(m) => m,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            let shown = matches!(
+                e.kind(),
+                K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand
+            );
+            let lenient = cmd
+                .clone()
+                .ignore_errors(true)
+                .try_get_matches_from(args.clone());
+            match lenient {
+                Ok(m) if !shown && config_path(&m).is_some() => m,
+                _ => e.exit(),
+            }
+        }
+    };
+    apply_config_file(cmd, matches, args)
+}
+
+fn config_path(matches: &ArgMatches) -> Option<&std::path::PathBuf> {
+    match matches.subcommand() {
+        Some(("serve", serve)) => serve.get_one::<std::path::PathBuf>("config"),
+        _ => None,
+    }
+}
+
+fn apply_config_file(
     cmd: &Command,
     matches: ArgMatches,
     args: Vec<OsString>,
 ) -> Result<ArgMatches, String> {
+    let Some(path) = config_path(&matches) else {
+        return Ok(matches);
+    };
     let Some(("serve", serve)) = matches.subcommand() else {
         return Ok(matches);
     };
-    let Some(path) = serve.get_one::<std::path::PathBuf>("config") else {
-        return Ok(matches);
-    };
     let extra = file_args(cmd, &matches, serve, path)?;
-    if extra.is_empty() {
-        return Ok(matches);
-    }
     let mut args = args;
     args.extend(extra);
     cmd.clone()
@@ -124,18 +154,10 @@ fn file_args(
             match v {
                 toml::Value::Boolean(true) => out.push(flag.clone().into()),
                 toml::Value::Boolean(false) => {}
-                toml::Value::String(s) => {
-                    out.push(flag.clone().into());
-                    out.push(s.into());
-                }
-                toml::Value::Integer(i) => {
-                    out.push(flag.clone().into());
-                    out.push(i.to_string().into());
-                }
-                toml::Value::Float(f) => {
-                    out.push(flag.clone().into());
-                    out.push(f.to_string().into());
-                }
+                // `--flag=value`: a value starting with `-` stays a value.
+                toml::Value::String(s) => out.push(format!("{flag}={s}").into()),
+                toml::Value::Integer(i) => out.push(format!("{flag}={i}").into()),
+                toml::Value::Float(f) => out.push(format!("{flag}={f}").into()),
                 other => {
                     return Err(format!(
                         "{}: {key}: expected a string, number, boolean or list, got {}",

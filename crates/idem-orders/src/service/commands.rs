@@ -207,11 +207,15 @@ impl Orders {
             }
             OrderStatus::PendingPayment => {}
             from => {
+                if from == OrderStatus::Cancelled {
+                    // A charge a lost lease let through, whose refund failed then.
+                    self.refund_stray_charge(&order).await?;
+                }
                 return Err(IllegalTransition {
                     from,
                     event: OrderEvent::PaymentConfirmed,
                 }
-                .into())
+                .into());
             }
         }
         if let Some(freeze) = self.frozen(&order, FreezeWhat::PaymentConfirm).await? {
@@ -269,13 +273,14 @@ impl Orders {
             from => {
                 // Charged for an order that moved on meanwhile: this pay lost the
                 // order's lease (a stopped process) and a cancel ran in between. The
-                // charge is recorded, and refunded under the order's refund key (the
-                // provider answers the same refund however often it is asked), so a
-                // cancelled order never keeps a charge.
-                let refunded = self.refund_stray_charge(&mut c, &current, now).await;
+                // charge is committed first (the provider's own writes must not wait
+                // on this transaction), then refunded; a retried pay repairs a refund
+                // that failed here.
                 tx.commit().await?;
-                tracing::error!(order = %order.order_id, %from, refunded = refunded.is_ok(), "charge for an order that is no longer payable");
-                refunded?;
+                tracing::error!(order = %order.order_id, %from, "charge for an order that is no longer payable; refunding it");
+                if from == OrderStatus::Cancelled {
+                    self.refund_stray_charge(&current).await?;
+                }
                 return Err(IllegalTransition {
                     from,
                     event: OrderEvent::PaymentConfirmed,
@@ -286,22 +291,36 @@ impl Orders {
         Ok((tx, confirmed))
     }
 
-    /// Refunds a charge that landed on an order no longer payable, recording the refund
-    /// in `c` (the transaction that records the charge).
-    async fn refund_stray_charge(
-        &self,
-        c: &mut crate::db::Conn<'_>,
-        order: &Order,
-        now: i64,
-    ) -> Result<(), OrderError> {
+    /// Refunds the charge of a cancelled order, if the provider has one, under the
+    /// order's refund key (the provider answers the same refund however often it is
+    /// asked, and the ledger records it once): a cancelled order never keeps a charge.
+    async fn refund_stray_charge(&self, order: &Order) -> Result<(), OrderError> {
+        let pay = pay_key(&order.order_id);
+        let Some(charged) = self.inner.provider.lookup(&order.tenant_id, &pay).await? else {
+            return Ok(());
+        };
         let key = refund_key(&order.order_id);
         let receipt = self
             .inner
             .provider
             .refund(&order.tenant_id, &key, &order.order_id, order.amount_cents)
             .await?;
+        let now = now_ms();
+        let mut tx = self.inner.db.begin().await?;
+        // The charge too, when no pay recorded it (a pay that died after the provider).
+        ledgers::record_payment(
+            &mut tx.conn(),
+            &order.tenant_id,
+            &order.order_id,
+            "charge",
+            &pay,
+            &charged.provider_ref,
+            charged.amount_cents,
+            now,
+        )
+        .await?;
         if ledgers::record_payment(
-            c,
+            &mut tx.conn(),
             &order.tenant_id,
             &order.order_id,
             "refund",
@@ -314,6 +333,7 @@ impl Orders {
         {
             self.inner.metrics.payment("refund");
         }
+        tx.commit().await?;
         Ok(())
     }
 
