@@ -170,3 +170,47 @@ fn file_args(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn args(list: &[&str]) -> Vec<OsString> {
+        list.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn the_file_completes_what_a_flag_requires_and_values_stay_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("serve.toml");
+        std::fs::write(
+            &file,
+            "tls-key = \"/etc/idem/key.pem\"\n\
+             tls-cert = \"/from/the/file.pem\"\n\
+             nats-url = \"nats://127.0.0.1:4222\"\n\
+             nats_stream = \"-odd-but-a-value\"\n",
+        )
+        .unwrap();
+        let cmd = with_env(crate::Cli::command());
+        let path = file.to_str().unwrap();
+        // --tls-cert requires --tls-key, which only the file gives.
+        let m = parse(
+            &cmd,
+            args(&["idem", "serve", "--config", path, "--tls-cert", "/flag.pem"]),
+        )
+        .unwrap();
+        let (_, serve) = m.subcommand().unwrap();
+        let get = |id: &str| serve.get_one::<std::path::PathBuf>(id).cloned();
+        assert_eq!(
+            get("tls_cert").unwrap(),
+            Path::new("/flag.pem"),
+            "the flag wins"
+        );
+        assert_eq!(get("tls_key").unwrap(), Path::new("/etc/idem/key.pem"));
+        assert_eq!(
+            serve.get_one::<String>("nats_stream").map(String::as_str),
+            Some("-odd-but-a-value")
+        );
+    }
+}
