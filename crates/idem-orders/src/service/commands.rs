@@ -244,20 +244,16 @@ impl Orders {
         let now = now_ms();
         let mut tx = self.inner.db.begin().await?;
         let mut c = tx.conn();
-        if ledgers::record_payment(
+        self.record_payment(
             &mut c,
             &order.tenant_id,
             &order.order_id,
             "charge",
             &key,
-            &receipt.provider_ref,
-            receipt.amount_cents,
+            &receipt,
             now,
         )
-        .await?
-        {
-            self.inner.metrics.payment("charge");
-        }
+        .await?;
         let current = self
             .load_in(&mut c, &order.tenant_id, &order.order_id)
             .await?;
@@ -291,6 +287,36 @@ impl Orders {
         Ok((tx, confirmed))
     }
 
+    /// Records a provider operation in the payments ledger (once per provider key) and
+    /// counts it when it is new.
+    #[allow(clippy::too_many_arguments)]
+    async fn record_payment(
+        &self,
+        c: &mut crate::db::Conn<'_>,
+        tenant: &str,
+        order_id: &str,
+        kind: &'static str,
+        key: &str,
+        receipt: &crate::provider::Receipt,
+        now: i64,
+    ) -> Result<(), OrderError> {
+        if ledgers::record_payment(
+            c,
+            tenant,
+            order_id,
+            kind,
+            key,
+            &receipt.provider_ref,
+            receipt.amount_cents,
+            now,
+        )
+        .await?
+        {
+            self.inner.metrics.payment(kind);
+        }
+        Ok(())
+    }
+
     /// Refunds the charge of a cancelled order, if the provider has one, under the
     /// order's refund key (the provider answers the same refund however often it is
     /// asked, and the ledger records it once): a cancelled order never keeps a charge.
@@ -308,31 +334,26 @@ impl Orders {
         let now = now_ms();
         let mut tx = self.inner.db.begin().await?;
         // The charge too, when no pay recorded it (a pay that died after the provider).
-        ledgers::record_payment(
+        self.record_payment(
             &mut tx.conn(),
             &order.tenant_id,
             &order.order_id,
             "charge",
             &pay,
-            &charged.provider_ref,
-            charged.amount_cents,
+            &charged,
             now,
         )
         .await?;
-        if ledgers::record_payment(
+        self.record_payment(
             &mut tx.conn(),
             &order.tenant_id,
             &order.order_id,
             "refund",
             &key,
-            &receipt.provider_ref,
-            receipt.amount_cents,
+            &receipt,
             now,
         )
-        .await?
-        {
-            self.inner.metrics.payment("refund");
-        }
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -447,20 +468,8 @@ impl Orders {
                     let now = now_ms();
                     let mut tx = db.begin().await?;
                     let mut c = tx.conn();
-                    if ledgers::record_payment(
-                        &mut c,
-                        tenant,
-                        order_id,
-                        "refund",
-                        &key,
-                        &receipt.provider_ref,
-                        receipt.amount_cents,
-                        now,
-                    )
-                    .await?
-                    {
-                        self.inner.metrics.payment("refund");
-                    }
+                    self.record_payment(&mut c, tenant, order_id, "refund", &key, &receipt, now)
+                        .await?;
                     let actor =
                         Actor::new("cancel").detail(format!("{key} → {}", receipt.provider_ref));
                     order =
