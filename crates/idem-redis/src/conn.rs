@@ -131,13 +131,17 @@ impl ClusterSeeds {
             .map_err(|e| crate::map_err(&e))
     }
 
-    /// `host:port` of every primary, from `CLUSTER NODES` of a seed.
-    pub async fn primaries(&self) -> Result<Vec<String>, StoreError> {
+    /// A plain connection to the first seed.
+    pub async fn first_seed(&self) -> Result<redis::aio::MultiplexedConnection, StoreError> {
         let seed = self.nodes[0]
             .strip_prefix(&self.base)
-            .unwrap_or(&self.nodes[0])
-            .to_string();
-        let mut conn = self.node(&seed).await?;
+            .unwrap_or(&self.nodes[0]);
+        self.node(seed).await
+    }
+
+    /// `host:port` of every primary, from `CLUSTER NODES` of a seed.
+    pub async fn primaries(&self) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.first_seed().await?;
         let nodes: String = redis::cmd("CLUSTER")
             .arg("NODES")
             .query_async(&mut conn)
@@ -165,7 +169,7 @@ fn parse_primaries(nodes: &str) -> Vec<String> {
 }
 
 /// Every key matching `pattern` on `conn` (one server), in `SCAN` steps.
-pub(crate) async fn scan<C: ConnectionLike + Send>(
+pub async fn scan<C: ConnectionLike + Send>(
     conn: &mut C,
     pattern: &str,
 ) -> Result<Vec<String>, RedisError> {

@@ -159,6 +159,7 @@ use idem_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 mod conn;
+pub use conn::scan as scan_keys;
 use redis::{RedisError, Script, Value};
 
 mod clock;
@@ -439,11 +440,7 @@ impl RedisStore {
                 .connect(options.connect_timeout, options.response_timeout)
                 .await
                 .map_err(|e| map_err(&e))?;
-            let seed = seeds.nodes[0]
-                .strip_prefix(&seeds.base)
-                .unwrap_or(&seeds.nodes[0])
-                .to_string();
-            let mut node = seeds.node(&seed).await?;
+            let mut node = seeds.first_seed().await?;
             let info: String = redis::cmd("INFO")
                 .arg("server")
                 .query_async(&mut node)

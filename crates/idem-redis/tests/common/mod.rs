@@ -177,7 +177,9 @@ impl RedisHarness {
     /// All keys under this harness's prefix.
     pub async fn keys(&self) -> Vec<String> {
         let mut admin = self.admin().await;
-        scan_keys_async(&mut admin, &self.pattern()).await
+        idem_redis::scan_keys(&mut admin, &self.pattern())
+            .await
+            .expect("SCAN")
     }
 
     fn pattern(&self) -> String {
@@ -194,30 +196,6 @@ pub fn glob_escape(s: &str) -> String {
         out.push(c);
     }
     out
-}
-
-async fn scan_keys_async(
-    conn: &mut redis::aio::MultiplexedConnection,
-    pattern: &str,
-) -> Vec<String> {
-    let mut cursor: u64 = 0;
-    let mut keys = Vec::new();
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await
-            .expect("SCAN");
-        keys.extend(batch);
-        if next == 0 {
-            return keys;
-        }
-        cursor = next;
-    }
 }
 
 /// Deletes every key matching `pattern`; returns how many were deleted.
