@@ -142,20 +142,31 @@ pub fn components() -> Value {
     })
 }
 
-/// Merges [`components`] into `spec` (an OpenAPI 3.x document) and, for every operation
-/// the configuration makes idempotent, adds the `Idempotency-Key` parameter, the problem
-/// responses and the replay headers on its success responses. Anything the application
-/// already defined under the same name or status is left as it is.
-pub fn merge_into(spec: &mut Value, config: &IdempotencyConfig) {
-    let Some(root) = spec.as_object_mut() else {
+/// Adds `from`'s paths and components to `into` (both OpenAPI 3.x documents), entry by
+/// entry: what `into` already defines under the same path or name is left as it is.
+pub fn merge_documents(into: &mut Value, from: &Value) {
+    let Some(root) = into.as_object_mut() else {
         return;
     };
-    let ours = components();
-    let theirs = root
+    if let Some(paths) = from.get("paths").and_then(Value::as_object) {
+        if let Some(target) = root
+            .entry("paths")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+        {
+            for (path, item) in paths {
+                target.entry(path.clone()).or_insert_with(|| item.clone());
+            }
+        }
+    }
+    let Some(ours) = from.get("components").and_then(Value::as_object) else {
+        return;
+    };
+    if let Some(theirs) = root
         .entry("components")
         .or_insert_with(|| json!({}))
-        .as_object_mut();
-    if let (Some(theirs), Some(ours)) = (theirs, ours["components"].as_object()) {
+        .as_object_mut()
+    {
         for (section, entries) in ours {
             let target = theirs.entry(section.clone()).or_insert_with(|| json!({}));
             if let (Some(target), Some(entries)) = (target.as_object_mut(), entries.as_object()) {
@@ -165,6 +176,17 @@ pub fn merge_into(spec: &mut Value, config: &IdempotencyConfig) {
             }
         }
     }
+}
+
+/// Merges [`components`] into `spec` (an OpenAPI 3.x document) and, for every operation
+/// the configuration makes idempotent, adds the `Idempotency-Key` parameter, the problem
+/// responses and the replay headers on its success responses. Anything the application
+/// already defined under the same name or status is left as it is.
+pub fn merge_into(spec: &mut Value, config: &IdempotencyConfig) {
+    merge_documents(spec, &components());
+    let Some(root) = spec.as_object_mut() else {
+        return;
+    };
     let Some(paths) = root.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };

@@ -513,12 +513,8 @@ fn rejected(state: &AppState, e: OrderError) -> ApiError {
         (status = 201, description = "Created; a replay carries the same body and Idempotent-Replayed: true", body = crate::views::OrderView),
         (status = 409, description = "Sold out", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown show, quantity out of range or invalid fields", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::BodyRefusals,
+        crate::openapi::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -551,12 +547,8 @@ async fn create_order(
         (status = 201, description = "Created", body = crate::views::OrderView),
         (status = 409, description = "Sold out", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown show, quantity out of range or invalid fields", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::BodyRefusals,
+        crate::openapi::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -693,8 +685,7 @@ async fn create_final(
         (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The order cannot be paid from its status", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -735,8 +726,7 @@ async fn pay_order(
         (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 409, description = "A ticketed order cannot be cancelled", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -772,8 +762,7 @@ async fn cancel_order(
         (status = 200, description = "The order", body = crate::views::OrderView),
         (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -795,8 +784,7 @@ async fn get_order(
     responses(
         (status = 200, description = "Orders, oldest first", body = crate::views::OrderList),
         (status = 400, description = "Invalid query parameters", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -820,8 +808,7 @@ async fn list_orders(
         (status = 200, description = "The record's state", body = Object),
         (status = 400, description = "Invalid idempotency key", body = crate::openapi::Problem, content_type = "application/problem+json"),
         (status = 404, description = "No record for this key (state ABSENT)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or an unknown API key", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -964,9 +951,7 @@ impl FreezeBody {
     summary = "Active freezes and their history (admin token)",
     responses(
         (status = 200, description = "Active freezes and their history", body = Object),
-        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::AdminRefusals
     ),
     security(("admin" = []))
 )]
@@ -994,13 +979,8 @@ async fn list_freezes(
         (status = 201, description = "Frozen", body = Object),
         (status = 200, description = "Already frozen", body = Object),
         (status = 422, description = "Invalid scope or what", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::BodyRefusals,
+        crate::openapi::AdminRefusals
     ),
     security(("admin" = []))
 )]
@@ -1029,13 +1009,8 @@ async fn post_freeze(
     responses(
         (status = 200, description = "Unfrozen", body = Object),
         (status = 422, description = "Invalid scope or what", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::BodyRefusals,
+        crate::openapi::AdminRefusals
     ),
     security(("admin" = []))
 )]
@@ -1075,13 +1050,8 @@ pub(crate) struct ShowBody {
         (status = 201, description = "Created", body = Object),
         (status = 200, description = "Existed", body = Object),
         (status = 422, description = "Invalid show or tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Malformed JSON", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 408, description = "The body did not arrive in time", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not application/json", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The database does not answer; retry", body = crate::openapi::Problem, content_type = "application/problem+json")
+        crate::openapi::BodyRefusals,
+        crate::openapi::AdminRefusals
     ),
     security(("admin" = []))
 )]

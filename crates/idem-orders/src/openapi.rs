@@ -9,7 +9,7 @@
 use idem_http::IdempotencyConfig;
 use serde_json::{json, Value};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
 /// An RFC 9457 problem, as every error of this service is answered
 /// (`application/problem+json`).
@@ -26,29 +26,97 @@ pub struct Problem {
     request_id: Option<String>,
 }
 
+/// What every tenant operation may answer besides its own outcomes.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // describes the wire
+pub enum TenantRefusals {
+    #[response(
+        status = 401,
+        description = "No or an unknown API key",
+        content_type = "application/problem+json"
+    )]
+    Unauthenticated(Problem),
+    #[response(
+        status = 503,
+        description = "The database does not answer; retry",
+        content_type = "application/problem+json"
+    )]
+    Unavailable(Problem),
+}
+
+/// What every admin operation may answer besides its own outcomes.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // describes the wire
+pub enum AdminRefusals {
+    #[response(
+        status = 401,
+        description = "No or a wrong admin token",
+        content_type = "application/problem+json"
+    )]
+    Unauthenticated(Problem),
+    #[response(
+        status = 403,
+        description = "The admin API is disabled (no admin token configured)",
+        content_type = "application/problem+json"
+    )]
+    Disabled(Problem),
+    #[response(
+        status = 503,
+        description = "The database does not answer; retry",
+        content_type = "application/problem+json"
+    )]
+    Unavailable(Problem),
+}
+
+/// What every operation that reads a JSON body may answer about the body.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // describes the wire
+pub enum BodyRefusals {
+    #[response(
+        status = 400,
+        description = "Malformed JSON",
+        content_type = "application/problem+json"
+    )]
+    Malformed(Problem),
+    #[response(
+        status = 408,
+        description = "The body did not arrive in time",
+        content_type = "application/problem+json"
+    )]
+    TooSlow(Problem),
+    #[response(
+        status = 413,
+        description = "Body too large",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(Problem),
+    #[response(
+        status = 415,
+        description = "Not application/json",
+        content_type = "application/problem+json"
+    )]
+    NotJson(Problem),
+}
+
 struct Security;
 
 impl Modify for Security {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("A tenant's API key"))
-                    .build(),
-            ),
-        );
-        components.add_security_scheme(
-            "admin",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("The admin token"))
-                    .build(),
-            ),
-        );
+        for (name, what) in [
+            ("bearer", "A tenant's API key"),
+            ("admin", "The admin token"),
+        ] {
+            components.add_security_scheme(
+                name,
+                SecurityScheme::Http(
+                    HttpBuilder::new()
+                        .scheme(HttpAuthScheme::Bearer)
+                        .description(Some(what))
+                        .build(),
+                ),
+            );
+        }
     }
 }
 
@@ -95,44 +163,15 @@ fn to_json(api: utoipa::openapi::OpenApi) -> Value {
     serde_json::to_value(api).unwrap_or_else(|_| json!({}))
 }
 
-/// Adds `from`'s paths and components to `into` (entries `into` has win).
-fn merge(into: &mut Value, from: Value) {
-    for section in ["paths"] {
-        if let (Some(target), Some(source)) = (
-            into.get_mut(section).and_then(Value::as_object_mut),
-            from.get(section).and_then(Value::as_object),
-        ) {
-            for (k, v) in source {
-                target.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
-    }
-    if let Some(source) = from.get("components").and_then(Value::as_object) {
-        let target = into
-            .as_object_mut()
-            .map(|o| o.entry("components").or_insert_with(|| json!({})));
-        if let Some(target) = target.and_then(Value::as_object_mut) {
-            for (section, entries) in source {
-                let t = target.entry(section.clone()).or_insert_with(|| json!({}));
-                if let (Some(t), Some(entries)) = (t.as_object_mut(), entries.as_object()) {
-                    for (k, v) in entries {
-                        t.entry(k.clone()).or_insert_with(|| v.clone());
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// The spec, with the idempotency layer's parts merged in for `config`.
 pub fn spec(config: &IdempotencyConfig, legacy: bool) -> Value {
     let mut spec = to_json(TenantApi::openapi());
     if legacy {
-        merge(&mut spec, to_json(LegacyApi::openapi()));
+        idem_http::openapi::merge_documents(&mut spec, &to_json(LegacyApi::openapi()));
     }
     // Only the layer's routes get its parameter and problems.
     idem_http::openapi::merge_into(&mut spec, config);
-    merge(&mut spec, to_json(OtherApi::openapi()));
+    idem_http::openapi::merge_documents(&mut spec, &to_json(OtherApi::openapi()));
     spec["openapi"] = json!("3.1.0");
     spec["info"] = json!({
         "title": "idem ticketing orders",
