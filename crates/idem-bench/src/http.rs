@@ -78,6 +78,15 @@ pub struct HttpBenchReport {
     pub fresh_vs_plain: f64,
     /// Layer answering replays ÷ the same app without the layer.
     pub replay_vs_plain: f64,
+    /// Replays with the arrival timeline recording (the console's, SQL stores only) ÷
+    /// replays without it, in alternating slices; the bar is 0.9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_timeline_vs_replay: Option<f64>,
+    /// Arrivals the timeline wrote and dropped (buffer full) during the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_written: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline_dropped: Option<u64>,
     /// Layer with fresh keys ÷ the store's own claim+complete rate.
     pub fresh_vs_store: f64,
     /// The bar `fresh_vs_store` should reach.
@@ -204,10 +213,39 @@ pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError>
         ..OpenOptions::default()
     };
     let opened = Store::open(&url, &open).await?;
-    let measured = measure(opened.records(), concurrency, phase, options.replay_keys).await;
+    // The console's arrival timeline lives in a SQL database next to the records.
+    let timeline = match opened.sql() {
+        Some(sql) => {
+            let db = idem_orders::Database::with_ledgers(sql.clone())
+                .await
+                .map_err(|e| BenchError::Setup(format!("the timeline's tables: {e}")))?;
+            Some(idem_orders::arrivals::ArrivalLog::start(
+                db,
+                opened.records(),
+                Some(sql.archive()),
+                idem_orders::arrivals::ArrivalOptions::default(),
+            ))
+        }
+        None => None,
+    };
+    let measured = measure(
+        opened.records(),
+        concurrency,
+        phase,
+        options.replay_keys,
+        timeline.clone(),
+    )
+    .await;
+    if let Some(log) = &timeline {
+        log.close().await;
+    }
     let cleaned = clean_up(&opened, &url, &open).await;
     let mut report = measured?;
     cleaned?;
+    if let Some(log) = &timeline {
+        report.timeline_written = Some(log.written());
+        report.timeline_dropped = Some(log.dropped());
+    }
     report.database = database;
     report.server = opened.redis().map(|r| r.server().to_string());
     Ok(report)
@@ -248,6 +286,7 @@ async fn measure(
     concurrency: usize,
     phase: Duration,
     replay_keys: usize,
+    timeline: Option<idem_orders::arrivals::ArrivalLog>,
 ) -> Result<HttpBenchReport, BenchError> {
     let tenant = TenantId::new("bench").map_err(|e| BenchError::Setup(e.to_string()))?;
     let principal = Principal::new("bench").map_err(|e| BenchError::Setup(e.to_string()))?;
@@ -319,9 +358,10 @@ async fn measure(
     plain_server.abort();
 
     // 3. With the layer, fresh keys.
+    let auth = Arc::new(auth);
     let layered = Router::new()
         .route("/v1/orders", post(create_order))
-        .layer(IdempotencyLayer::from_arcs(store.clone(), Arc::new(auth)));
+        .layer(IdempotencyLayer::from_arcs(store.clone(), auth.clone()));
     let (url, server) = serve(layered).await?;
     let meter = Meter::start();
     {
@@ -349,16 +389,49 @@ async fn measure(
             return Err(BenchError::Setup("seeding a replay key failed".into()));
         }
     }
-    {
-        let (client, url, keys) = (client.clone(), url.clone(), keys.clone());
-        phases.push(
-            drive("layer_replay_hits", concurrency, phase, move |task, seq| {
-                let (client, url) = (client.clone(), url.clone());
+    // With the timeline: the same replays through a layer that hands every arrival to
+    // the console's log, in alternating slices against the layer without it.
+    let timeline_server = match &timeline {
+        Some(log) => {
+            let app = Router::new().route("/v1/orders", post(create_order)).layer(
+                IdempotencyLayer::from_arcs(store.clone(), auth.clone())
+                    .with_arrivals(Arc::new(log.clone())),
+            );
+            Some(serve(app).await?)
+        }
+        None => None,
+    };
+    let slices = if timeline_server.is_some() { 2 } else { 1 };
+    let slice = phase / slices;
+    let mut replay_slices = Vec::new();
+    let mut timeline_slices = Vec::new();
+    for _ in 0..slices {
+        let targets = std::iter::once((url.clone(), false))
+            .chain(timeline_server.iter().map(|(u, _)| (u.clone(), true)));
+        for (target, with_timeline) in targets {
+            let (client, keys) = (client.clone(), keys.clone());
+            let name = if with_timeline {
+                "layer_replay_hits_timeline"
+            } else {
+                "layer_replay_hits"
+            };
+            let rate = drive(name, concurrency, slice, move |task, seq| {
+                let (client, url) = (client.clone(), target.clone());
                 let key = keys[(task + seq as usize * concurrency) % keys.len()].clone();
                 async move { post_order(&client, &url, Some(&key)).await }
             })
-            .await,
-        );
+            .await;
+            if with_timeline {
+                timeline_slices.push(rate);
+            } else {
+                replay_slices.push(rate);
+            }
+        }
+    }
+    phases.push(merged("layer_replay_hits", &replay_slices));
+    if let Some((_, timeline_task)) = timeline_server {
+        timeline_task.abort();
+        phases.push(merged("layer_replay_hits_timeline", &timeline_slices));
     }
     server.abort();
 
@@ -380,12 +453,33 @@ async fn measure(
         phase_seconds: phase.as_secs_f64(),
         fresh_vs_plain: ratio(fresh, rate("plain")),
         replay_vs_plain: ratio(rate("layer_replay_hits"), rate("plain")),
+        replay_timeline_vs_replay: timeline.as_ref().map(|_| {
+            ratio(
+                rate("layer_replay_hits_timeline"),
+                rate("layer_replay_hits"),
+            )
+        }),
+        timeline_written: None,
+        timeline_dropped: None,
         fresh_vs_store,
         fresh_vs_store_target: TARGET,
         meets_target: fresh_vs_store >= TARGET,
         phases,
         saturation,
     })
+}
+
+/// Slices of one phase as one rate.
+fn merged(name: &str, slices: &[PhaseRate]) -> PhaseRate {
+    let ok: u64 = slices.iter().map(|s| s.ok).sum();
+    // Each slice's rate weighs by its own length; equal slices make this the mean.
+    let per_second = slices.iter().map(|s| s.per_second).sum::<f64>() / slices.len().max(1) as f64;
+    PhaseRate {
+        phase: name.to_owned(),
+        ok,
+        errors: slices.iter().map(|s| s.errors).sum(),
+        per_second,
+    }
 }
 
 /// What bounds a store when neither the CPU nor the disk does.

@@ -26,9 +26,16 @@ async fn http_bench_smoke() {
             "store_claim_complete",
             "plain",
             "layer_fresh_keys",
-            "layer_replay_hits"
+            "layer_replay_hits",
+            "layer_replay_hits_timeline"
         ]
     );
+    // The timeline recorded the replays (written, or counted as dropped).
+    let timeline = report
+        .replay_timeline_vs_replay
+        .expect("a SQL store has the timeline");
+    assert!(timeline > 0.0);
+    assert!(report.timeline_written.unwrap() + report.timeline_dropped.unwrap() > 0);
     for p in &report.phases {
         assert!(p.ok > 0, "{} made no requests", p.phase);
         assert_eq!(p.errors, 0, "{} had errors", p.phase);

@@ -781,6 +781,88 @@ pub async fn trim_events_keeps_newer_evidence(h: &dyn LeaseHarness) {
     assert!(held.token > other.token);
 }
 
+/// The most names [`names_page_in_byte_order`] walks before failing: the suite may share
+/// a store with other tests and runs, whose names are listed too.
+const NAMES_WALKED_AT_MOST: usize = 100_000;
+
+/// `names` lists every name with a lease row, live or ended, once, in byte order, in
+/// pages that follow each other by `after`; a name only touched by changes that granted
+/// nothing (a refused renew, a force-release of nobody) has no row and is not listed.
+/// Other tests' names may be listed as well: only this run's (a unique prefix) are
+/// checked, the order across all of them.
+pub async fn names_page_in_byte_order(h: &dyn LeaseHarness) {
+    let store = h.open().await;
+    let run = format!("names-{}/", uuid::Uuid::now_v7().simple());
+    let name = |suffix: &str| LeaseName::new(format!("{run}{suffix}")).unwrap();
+    // Byte order `Z` < `_b` < `a…`, unlike a locale's (a, b, z); the last one needs
+    // escaping in a Redis key.
+    let (z, b, a) = (name("Z"), name("_b"), name("a:{x}%"));
+    let mut leases = Vec::new();
+    for n in [&a, &z, &b] {
+        leases.push(granted(
+            store.try_acquire(n, &owner("A"), secs(30)).await.unwrap(),
+        ));
+    }
+    let ended = &leases[1];
+    store.release(&z, &ended.owner, ended.token).await.unwrap();
+    let never = name("never-granted");
+    not_holder_renew(
+        store
+            .renew(&never, &owner("A"), FencingToken::new(1), secs(30))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(store.force_release(&never, "drill").await.unwrap(), None);
+    assert!(store.names(None, 0).await.unwrap().is_empty(), "limit 0");
+
+    let mut after: Option<LeaseName> = None;
+    let mut walked = 0;
+    let mut ours = Vec::new();
+    loop {
+        let page = store.names(after.as_ref(), 2).await.expect("names");
+        assert!(page.len() <= 2, "a page of {} names: {page:?}", page.len());
+        let Some(last) = page.last().cloned() else {
+            break;
+        };
+        for n in &page {
+            if let Some(prev) = &after {
+                assert!(
+                    n.as_str().as_bytes() > prev.as_str().as_bytes(),
+                    "{n} listed after {prev}"
+                );
+            }
+            if n.as_str().starts_with(&run) {
+                ours.push(n.clone());
+            }
+            after = Some(n.clone());
+        }
+        assert_eq!(after.as_ref(), Some(&last));
+        walked += page.len();
+        assert!(
+            walked <= NAMES_WALKED_AT_MOST,
+            "more than {NAMES_WALKED_AT_MOST} names listed: the walk does not end"
+        );
+    }
+    assert_eq!(
+        ours,
+        [z, b, a.clone()],
+        "this run's names, once each, in byte order"
+    );
+
+    // After the greatest of them, none of them again.
+    let rest = store.names(Some(&a), 100).await.expect("names");
+    assert!(rest.iter().all(|n| n > &a), "{rest:?} after {a}");
+    assert!(
+        !rest.iter().any(|n| n.as_str().starts_with(&run)),
+        "{rest:?} after {a}"
+    );
+    // After the last name listed, nothing (unless another test granted one since).
+    if let Some(last) = &after {
+        let later = store.names(Some(last), 2).await.expect("names");
+        assert!(later.iter().all(|n| n > last), "{later:?} after {last}");
+    }
+}
+
 /// Expands to one `#[tokio::test]` per lease scenario for a backend. `$open` is an
 /// async expression yielding `Option<impl LeaseHarness>`; `None` skips (see
 /// [`skip_or_fail`](crate::skip_or_fail)).
@@ -800,6 +882,7 @@ macro_rules! lease_tests {
         $crate::lease_tests!(@one $open, lease_show_reports_holder, |h| $crate::lease::show_reports_holder(h));
         $crate::lease_tests!(@one $open, lease_bad_input_writes_nothing, |h| $crate::lease::bad_input_writes_nothing(h));
         $crate::lease_tests!(@one $open, lease_trim_events_keeps_newer_evidence, |h| $crate::lease::trim_events_keeps_newer_evidence(h));
+        $crate::lease_tests!(@one $open, lease_names_page_in_byte_order, |h| $crate::lease::names_page_in_byte_order(h));
     };
     (@one $open:expr, $name:ident, |$h:ident| $body:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

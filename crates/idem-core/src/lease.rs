@@ -556,6 +556,22 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The most recent `limit` events for `name`, oldest first.
     async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError>;
 
+    /// Names that have a lease row (live or ended, as the store keeps them), in name order,
+    /// starting after `after` (exclusive; `None` from the start), at most `limit`.
+    ///
+    /// Name order is the byte order of the name (the order of [`LeaseName`]'s `Ord`), so
+    /// a paging loop that passes the last name of each page as the next `after` visits
+    /// every name once and ends on an empty page. A name is listed while the store
+    /// remembers its last token (what [`show`](Self::show) reports as `last_token`), also
+    /// after its lease ended; a name the store has forgotten (a Redis key collected after
+    /// the retention period) is not. For operator consoles: the cost differs by store
+    /// (see each store's implementation).
+    async fn names(
+        &self,
+        after: Option<&LeaseName>,
+        limit: usize,
+    ) -> Result<Vec<LeaseName>, LeaseError>;
+
     /// Retention of the evidence: deletes up to `limit` events (of any name) recorded
     /// before `before` (store clock) and returns how many went. Leases, token counters
     /// and fences are untouched, so tokens keep rising. The sweeper calls it with the

@@ -5,6 +5,7 @@
 //! parsing, problem kinds). It does no I/O and knows no async runtime or database: stores implement
 //! its traits, the HTTP layer and the CLI speak its types.
 
+pub mod arrival;
 pub mod fingerprint;
 pub mod key;
 pub mod lease;
@@ -17,6 +18,7 @@ pub mod row;
 pub mod store;
 pub mod wire;
 
+pub use arrival::{Arrival, ArrivalDecision, ArrivalSink};
 pub use fingerprint::{canonical_path, canonical_query, Fingerprint, Fingerprinter, RequestParts};
 pub use key::{IdempotencyKey, Identity, KeyError, OwnerId, Principal, Scope, TenantId};
 pub use lease::{

@@ -15,7 +15,9 @@ use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{Request, Response, Uri};
-use idem_core::{ClaimKind, ClaimRequest, Fingerprint, KeyRule, RequestParts, Scope};
+use idem_core::{
+    ClaimKind, ClaimRequest, Fingerprint, IdempotencyKey, KeyRule, RequestParts, Scope,
+};
 use tower::Service;
 
 use crate::auth::Identity;
@@ -55,7 +57,7 @@ where
     ResB::Error: Into<BoxError>,
 {
     let uri = target(&request).clone();
-    let (mut parts, body) = request.into_parts();
+    let (parts, body) = request.into_parts();
     let metrics = &shared.metrics;
 
     // Who is calling decides the tenant; nothing the client sets freely does.
@@ -90,6 +92,39 @@ where
         }
     };
 
+    match shared.arrivals.clone() {
+        None => keyed(shared, inner, parts, body, uri, identity, key, rules).await,
+        Some(sink) => {
+            let scope = Scope::new(identity.tenant.clone(), key.clone());
+            let principal = identity.principal.clone();
+            let answer = keyed(shared, inner, parts, body, uri, identity, key, rules);
+            crate::arrivals::observe(&sink, scope, principal, answer).await
+        }
+    }
+}
+
+/// The rest of [`serve`] once the caller and the key are known.
+#[allow(clippy::too_many_arguments)]
+async fn keyed<S, ReqB, ResB>(
+    shared: Arc<Shared>,
+    inner: S,
+    mut parts: Parts,
+    body: ReqB,
+    uri: Uri,
+    identity: Identity,
+    key: IdempotencyKey,
+    rules: ResolvedRules,
+) -> Response<Body>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ReqB::Error: Into<BoxError>,
+    ResB: http_body::Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let metrics = &shared.metrics;
     let body = match read_body(&parts, body, shared.config.max_request_body).await {
         Ok(body) => body,
         Err(problem) => {

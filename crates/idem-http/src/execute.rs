@@ -84,7 +84,7 @@ where
     let request = Request::from_parts(parts, ReqB::from(body));
     // Counted from here, so a shutdown waits for this record even if the client left.
     let running = shared.executions.start();
-    let task = tokio::spawn(
+    let task = tokio::spawn(crate::arrivals::carry(
         run_under_claim(
             shared.clone(),
             inner,
@@ -95,7 +95,7 @@ where
         )
         // The request's span (its request id), for the handler's logs too.
         .instrument(tracing::Span::current()),
-    );
+    ));
     match task.await {
         Ok(response) => response,
         Err(join_error) => {
@@ -143,10 +143,10 @@ where
     let request = Request::from_parts(parts, ReqB::from(body));
     let running = shared.executions.start();
     let scope = req.scope.clone();
-    let task = tokio::spawn(
+    let task = tokio::spawn(crate::arrivals::carry(
         run_in_transaction(shared.clone(), inner, request, req, claim, rules, running)
             .instrument(tracing::Span::current()),
-    );
+    ));
     match task.await {
         Ok(response) => response,
         Err(join_error) => {

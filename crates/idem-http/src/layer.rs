@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use idem_core::{ArchiveLookup, IdempotencyStore, KeyRule, OwnerId};
+use idem_core::{ArchiveLookup, ArrivalSink, IdempotencyStore, KeyRule, OwnerId};
 use tokio::task::JoinHandle;
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub archive: Option<Arc<dyn ArchiveLookup>>,
     /// Handlers running under a claim (shared by every clone of the layer).
     pub executions: Arc<Executions>,
+    /// Told of every keyed arrival and its decision.
+    pub arrivals: Option<Arc<dyn ArrivalSink>>,
 }
 
 /// Owner ids for claims: one prefix per layer instance, a sequence number per claim, so
@@ -98,6 +100,7 @@ impl IdempotencyLayer {
                 reconstruct: None,
                 archive: None,
                 executions: Arc::default(),
+                arrivals: None,
             }),
         }
     }
@@ -125,6 +128,13 @@ impl IdempotencyLayer {
     /// `410 idempotency-key-expired` and is not executed (see [`crate::retention`]).
     pub fn with_archive(self, archive: Arc<dyn ArchiveLookup>) -> Self {
         self.edit(|s| s.archive = Some(archive))
+    }
+
+    /// Hands every arrival with a key (authenticated, key well-formed) to `sink`, with
+    /// the layer's decision and the answer's status, after answering it. The sink must
+    /// not block: it is called on the request path.
+    pub fn with_arrivals(self, sink: Arc<dyn ArrivalSink>) -> Self {
+        self.edit(|s| s.arrivals = Some(sink))
     }
 
     pub fn config(&self) -> &IdempotencyConfig {

@@ -86,6 +86,7 @@
 //! transaction). The requester side is the `idem-client` crate; the benchmark is in
 //! `idem-bench`.
 
+mod arrivals;
 pub mod auth;
 pub mod body;
 mod claim;

@@ -197,6 +197,7 @@ impl IdempotencyMetrics {
     /// Counts `decision`, and names it on the request's span (its `decision` field).
     pub(crate) fn decision(&self, decision: Decision) {
         tracing::Span::current().record("decision", decision.as_str());
+        crate::arrivals::note(decision);
         self.inner
             .requests
             .get_or_create(&DecisionLabels { decision })

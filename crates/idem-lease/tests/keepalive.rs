@@ -231,6 +231,13 @@ impl LeaseStore for Instrumented {
     async fn events(&self, name: &LeaseName, limit: usize) -> Result<Vec<LeaseEvent>, LeaseError> {
         self.inner.events(name, limit).await
     }
+    async fn names(
+        &self,
+        after: Option<&LeaseName>,
+        limit: usize,
+    ) -> Result<Vec<LeaseName>, LeaseError> {
+        self.inner.names(after, limit).await
+    }
 
     async fn trim_events(&self, before: Millis, limit: usize) -> Result<u64, LeaseError> {
         self.inner.trim_events(before, limit).await

@@ -73,6 +73,7 @@ pub(crate) struct AppState {
     pub(crate) max_body: usize,
     /// Set once a shutdown began: `/readyz` answers 503 so balancers stop sending.
     pub(crate) draining: Arc<std::sync::atomic::AtomicBool>,
+    pub(crate) console: Arc<crate::console::ConsoleState>,
 }
 
 impl AppState {
@@ -107,6 +108,7 @@ pub(crate) fn router(state: AppState, layer: IdempotencyLayer, legacy: bool) -> 
     tenant_api
         .merge(admin)
         .merge(public)
+        .merge(crate::console::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -1372,6 +1374,9 @@ async fn with_request_id(response: Response, id: &str) -> Response {
 /// Reads the whole request body, at most `max_body` bytes and within the body read
 /// timeout, before any route sees it: a client that stalls gets 408 and its connection
 /// closed, having recorded nothing.
+/// The largest body a console form may post.
+const CONSOLE_FORM_LIMIT: usize = 64 * 1024;
+
 async fn read_body_in_time(
     State(state): State<AppState>,
     request: Request,
@@ -1382,8 +1387,14 @@ async fn read_body_in_time(
         return next.run(Request::from_parts(parts, body)).await;
     }
     // Nobody buffers a body for a caller it does not know: every route that takes one
-    // needs a tenant key or the admin token.
-    if let Err(refused) = state.auth.authenticate(&parts).await {
+    // needs a tenant key or the admin token — except the console's forms, which carry
+    // the admin token (login) or a session, checked by the console before acting.
+    let console = parts.uri.path().starts_with("/console/");
+    let refused = match console {
+        true => None,
+        false => state.auth.authenticate(&parts).await.err(),
+    };
+    if let Some(refused) = refused {
         if parts.uri.path().starts_with("/v1/admin/") {
             if let Err(e) = require_admin(&state, &parts.headers) {
                 return e.into_response();
@@ -1395,7 +1406,12 @@ async fn read_body_in_time(
                 .into_response();
         }
     }
-    let limit = state.max_body;
+    // A console form is a few fields; nobody needs more before logging in.
+    let limit = if console {
+        state.max_body.min(CONSOLE_FORM_LIMIT)
+    } else {
+        state.max_body
+    };
     if declared_too_large(&parts.headers, limit) {
         return too_large(limit);
     }

@@ -34,8 +34,10 @@
 //! - Tenants come from authentication only; another tenant's order is 404.
 
 pub mod api;
+pub mod arrivals;
 pub mod chain;
 pub mod compensation;
+pub mod console;
 pub mod db;
 mod error;
 pub mod freeze;

@@ -37,7 +37,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, LEGACY_ROUTE};
+use crate::arrivals::{ArrivalLog, ArrivalOptions};
 use crate::chain::{Chain, ChainHandle, ChainOptions, NatsOptions, TransportConfig};
+use crate::console::ConsoleState;
 use crate::db::{redact, Database, DatabaseOptions, DEFAULT_URL};
 use crate::error::Error;
 use crate::ledgers::ShowSeed;
@@ -268,6 +270,9 @@ pub struct ServiceOptions {
     /// How often the state gauges (freezes, pending deliveries, unpublished outbox) are
     /// read from the database; a scrape never reads it. Default 5 s.
     pub metrics_refresh: Duration,
+    /// Record every keyed arrival for the console's timeline (default on); `None` turns
+    /// the timeline off.
+    pub arrivals: Option<ArrivalOptions>,
 }
 
 impl Default for ServiceOptions {
@@ -286,6 +291,7 @@ impl Default for ServiceOptions {
             timeouts: HttpTimeouts::default(),
             metrics_listen: None,
             metrics_refresh: Duration::from_secs(5),
+            arrivals: Some(ArrivalOptions::default()),
         }
     }
 }
@@ -324,6 +330,8 @@ pub struct App {
     metrics_router: Router,
     options: ServiceOptions,
     draining: Arc<std::sync::atomic::AtomicBool>,
+    arrivals: Option<ArrivalLog>,
+    sampler_state: AppState,
 }
 
 /// The idempotency layer's configuration for this service.
@@ -447,9 +455,28 @@ impl App {
         let store = database.idempotency_store();
         let auth: Arc<dyn idem_http::Authenticate> = Arc::new(auth);
         let max_body = idem_config.max_request_body;
-        let layer = IdempotencyLayer::from_arcs(store.clone(), auth.clone())
+        let arrivals = config.options.arrivals.clone().map(|options| {
+            ArrivalLog::start(
+                database.clone(),
+                store.clone(),
+                Some(database.store().archive()),
+                options,
+            )
+        });
+        let mut layer = IdempotencyLayer::from_arcs(store.clone(), auth.clone())
             .with_config(idem_config)
-            .with_metrics(idem_metrics);
+            .with_metrics(idem_metrics.clone());
+        if let Some(log) = &arrivals {
+            log.register(&mut registry);
+            layer = layer.with_arrivals(Arc::new(log.clone()));
+        }
+        let console = ConsoleState::new(
+            database.lease_store(),
+            database.store().archive(),
+            arrivals.clone(),
+            idem_metrics,
+            config.tls.is_some(),
+        );
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let state = AppState {
             orders: orders.clone(),
@@ -462,7 +489,9 @@ impl App {
             body_read_timeout: config.options.timeouts.body_read,
             max_body,
             draining: draining.clone(),
+            console: Arc::new(console),
         };
+        let sampler_state = state.clone();
         let metrics_router = api::metrics_router(state.clone());
         let router = api::router(state, layer.clone(), config.options.legacy_route);
         Ok(App {
@@ -479,6 +508,8 @@ impl App {
             metrics_router,
             options: config.options.clone(),
             draining,
+            arrivals,
+            sampler_state,
         })
     }
 }
@@ -495,6 +526,9 @@ pub struct Server {
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), Error>>,
     refresher: JoinHandle<()>,
+    sampler: JoinHandle<()>,
+    arrivals: Option<ArrivalLog>,
+    admin_enabled: bool,
     backend: &'static str,
     draining: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -525,6 +559,12 @@ impl Server {
 
     pub fn dev_credentials(&self) -> Option<&DevCredentials> {
         self.dev_credentials.as_ref()
+    }
+
+    /// `URL/console/` when the console is on (an admin token is configured).
+    pub fn console_url(&self) -> Option<String> {
+        self.admin_enabled
+            .then(|| format!("{}/console/", self.url()))
     }
 
     pub fn orders(&self) -> &Orders {
@@ -561,6 +601,11 @@ impl Server {
             .await
             .map_err(|e| Error::Backend(format!("server task: {e}")))?;
         self.refresher.abort();
+        self.sampler.abort();
+        // The answers are out: what the timeline buffered is written before stopping.
+        if let Some(log) = self.arrivals.take() {
+            log.close().await;
+        }
         if let Some(chain) = self.chain_handle.take() {
             chain.stop().await;
         }
@@ -573,6 +618,7 @@ impl Drop for Server {
         // Dropped without a shutdown: stop accepting all the same.
         self.stop.send_replace(true);
         self.refresher.abort();
+        self.sampler.abort();
     }
 }
 
@@ -615,6 +661,7 @@ pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
         app.options.metrics_refresh,
     ));
 
+    let sampler = tokio::spawn(crate::console::sample_rates(app.sampler_state.clone()));
     let chain_handle = app.run_chain.then(|| app.chain.clone().spawn());
     let (stop, stopped) = watch::channel(false);
     let timeouts = app.options.timeouts;
@@ -648,6 +695,9 @@ pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
         stop,
         task,
         refresher,
+        sampler,
+        arrivals: app.arrivals,
+        admin_enabled: app.admin_enabled,
         draining: app.draining,
     })
 }
@@ -762,6 +812,10 @@ pub async fn serve(
         } else {
             println!("    admin token: {}", dev.admin_token);
         }
+    }
+    match server.console_url() {
+        Some(url) => println!("  console: {url}  (log in with the admin token)"),
+        None => println!("  console: off (no admin token)"),
     }
     println!("  try: curl -s {}/healthz", server.url());
     shutdown.await;

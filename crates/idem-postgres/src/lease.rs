@@ -648,6 +648,43 @@ async fn end_lease(
     Ok(())
 }
 
+/// One page of [`LeaseStore::names`]: names with a token (a counter above 0, which is
+/// never deleted, or a lease row, which holds the last grant), in byte order (`COLLATE
+/// "C"`), after `after`.
+async fn list_names(
+    exec: impl PgExecutor<'_>,
+    t: &Tables,
+    after: Option<&LeaseName>,
+    limit: usize,
+) -> Result<Vec<LeaseName>, LeaseError> {
+    // A counter at 0 is only the lock of a change to a name never granted: no name for
+    // `show` either. Every name is non-empty, so '' is before all of them. Each side
+    // keeps its first `limit` (a top-N sort), so the union holds at most two pages.
+    let names: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT name FROM ( \
+           (SELECT name FROM {tokens} WHERE last_token > 0 AND name COLLATE \"C\" > $1 \
+            ORDER BY name COLLATE \"C\" LIMIT $2) \
+           UNION \
+           (SELECT name FROM {leases} WHERE name COLLATE \"C\" > $1 \
+            ORDER BY name COLLATE \"C\" LIMIT $2) \
+         ) n ORDER BY name COLLATE \"C\" LIMIT $2",
+        tokens = t.tokens,
+        leases = t.leases,
+    )))
+    .bind(after.map_or("", LeaseName::as_str))
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(exec)
+    .await
+    .map_err(lerr("lease names"))?;
+    names
+        .into_iter()
+        .map(|n| {
+            LeaseName::new(n)
+                .map_err(|e| LeaseError::Backend(format!("corrupt stored lease name: {e}")))
+        })
+        .collect()
+}
+
 impl PgStore {
     fn lease_tables(&self) -> Tables {
         Tables::of(self.schema.as_deref())
@@ -1137,6 +1174,23 @@ impl LeaseStore for PgStore {
                 .decode(name)
             })
             .collect()
+    }
+
+    /// A plain read, retried on another connection when a pooled one is dead. The name
+    /// indexes are in the database's collation, not byte order, so each page scans both
+    /// tables for the names after `after` and keeps the first `limit` (a top-N sort):
+    /// O(number of names) per page, fine for an operator console, not for a hot path.
+    async fn names(
+        &self,
+        after: Option<&LeaseName>,
+        limit: usize,
+    ) -> Result<Vec<LeaseName>, LeaseError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let t = self.lease_tables();
+        self.lease_retrying(|| list_names(&self.pool, &t, after, limit))
+            .await
     }
 
     /// One batch through the index on `at` (migration 7), counting every event once:

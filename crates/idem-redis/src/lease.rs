@@ -411,6 +411,37 @@ impl LeaseStore for RedisStore {
         raw.iter().map(|e| parse_event(name, e)).collect()
     }
 
+    /// Redis keeps no order of names, so every call walks the keyspace (`SCAN`; on a
+    /// Redis Cluster, each primary) for the keys `show` reads — the states, and the
+    /// hashes and counters of names an older idem wrote — decodes the names, and keeps
+    /// the first `limit` after `after`: O(number of keys) per page, for operator
+    /// consoles, not hot paths. A name is listed while its keys live: a state is
+    /// collected `retention` after its lease ended (see *Layout*).
+    async fn names(
+        &self,
+        after: Option<&LeaseName>,
+        limit: usize,
+    ) -> Result<Vec<LeaseName>, LeaseError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // `:ls:{`, `:l:{` and `:lt:{` (checked again per key), not the event lists.
+        let pattern = format!("{}:l[:st]*", glob_escape(self.prefix()));
+        let keys = self.scan_keys(&pattern).await.map_err(LeaseError::from)?;
+        // SCAN may return a key twice, and a name can have several of these keys.
+        let mut page = std::collections::BTreeSet::new();
+        for name in keys.iter().filter_map(|k| name_of_key(self.prefix(), k)) {
+            if after.is_some_and(|a| name <= *a) {
+                continue;
+            }
+            page.insert(name);
+            if page.len() > limit {
+                page.pop_last();
+            }
+        }
+        Ok(page.into_iter().collect())
+    }
+
     /// Walks the event lists under this store's prefix (`SCAN`, so one call reads the
     /// whole keyspace in steps, from the start each time) and drops the old head of each
     /// in one script. The lists are capped and expire anyway; this bounds them by age as
@@ -435,6 +466,43 @@ impl LeaseStore for RedisStore {
         }
         Ok((limit - left) as u64)
     }
+}
+
+/// The name whose lease `show` reads from `key`: its state (`<prefix>:ls:{enc(n)}`) or
+/// the older layout's hash (`:l:`) or counter (`:lt:`). `None` for any other key (an
+/// event list, a key of a store whose prefix extends ours, a tag that is not the
+/// encoding of a lease name).
+fn name_of_key(prefix: &str, key: &str) -> Option<LeaseName> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix(':')?;
+    let (kind, tag) = rest.split_once(':')?;
+    if !matches!(kind, "ls" | "l" | "lt") {
+        return None;
+    }
+    let enc = tag.strip_prefix('{')?.strip_suffix('}')?;
+    let name = LeaseName::new(decode_component(enc)?).ok()?;
+    // Only the one spelling `lease_keys` writes: the encoding is injective, so no two
+    // keys list the same name under one kind.
+    (encode_component(name.as_str()) == enc).then_some(name)
+}
+
+/// The inverse of [`encode_component`] (`%25`, `%7B`, `%7D`, `%3A`); `None` for any other
+/// escape.
+fn decode_component(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        out.push(match rest.get(i + 1..i + 3)? {
+            "25" => '%',
+            "7B" => '{',
+            "7D" => '}',
+            "3A" => ':',
+            _ => return None,
+        });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
 }
 
 /// Drops an event list's head older than a time (`trim_events`).
@@ -489,6 +557,43 @@ mod tests {
                 legacy_counter: "p:lt:{a%3Ab}".into(),
             }
         );
+    }
+
+    #[test]
+    fn names_decode_from_their_keys() {
+        for n in [
+            "inventory:event-42",
+            "a{b}c",
+            "%7B",
+            "x}",
+            "%",
+            "100%3A",
+            "l:{x}",
+        ] {
+            let keys = lease_keys("p", &name(n));
+            for key in [&keys.state, &keys.legacy_lease, &keys.legacy_counter] {
+                assert_eq!(name_of_key("p", key), Some(name(n)), "{key}");
+            }
+            assert_eq!(name_of_key("p", &keys.events), None);
+            assert_eq!(name_of_key("q", &keys.state), None);
+            assert_eq!(name_of_key("p:ls", &keys.state), None);
+        }
+        // Keys of a store whose prefix extends ours, and tags no name encodes to.
+        for key in [
+            "p:ls:ls:{a}",
+            "p:l:ls:{a}",
+            "p:ls:{a}b",
+            "p:ls:{}",
+            "p:ls:{a%41}",
+            "p:ls:{a%7b}",
+            "p:ls:{a%3}",
+            "p:ls:{a:b}",
+            "p:ls:{a b}",
+            "p:lx:{a}",
+            "p:r:{t:k}",
+        ] {
+            assert_eq!(name_of_key("p", key), None, "{key}");
+        }
     }
 
     #[test]

@@ -304,6 +304,75 @@ async fn legacy_counter_alone_still_counts() {
     assert_eq!(a.token.get(), old_token + 1);
 }
 
+/// `names` lists what `show` reads: the state, and the hash or the counter an older idem
+/// left (until a change moves them into the state), each name once; a name with events
+/// only (a refused renew) has no lease to list.
+#[tokio::test]
+async fn names_include_the_older_layout() {
+    let Some(h) = harness().await else { return };
+    let store = h.side().await;
+    let (current, hash, counter, events) = (
+        fresh_name("n-state"),
+        fresh_name("n-legacy-hash:{x}"),
+        fresh_name("n-legacy-counter%"),
+        fresh_name("n-events"),
+    );
+    granted(
+        store
+            .try_acquire(&current, &owner("A"), Duration::from_secs(30))
+            .await
+            .unwrap(),
+    );
+    let (keys, now, old_token) = legacy_counter(&h, store, &hash).await;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys.legacy_lease)
+        .arg("owner")
+        .arg("A")
+        .arg("token")
+        .arg(old_token)
+        .arg("acquired_at")
+        .arg(now)
+        .arg("expires_at")
+        .arg(now + 30_000)
+        .arg("renewals")
+        .arg(0)
+        .query_async(&mut h.redis.admin().await)
+        .await
+        .unwrap();
+    legacy_counter(&h, store, &counter).await;
+    store
+        .renew(
+            &events,
+            &owner("A"),
+            FencingToken::new(1),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap();
+    assert!(!store.events(&events, 10).await.unwrap().is_empty());
+
+    let mut expected = vec![current, hash.clone(), counter];
+    expected.sort();
+    assert_eq!(store.names(None, 100).await.unwrap(), expected);
+    assert_eq!(store.names(None, 2).await.unwrap(), expected[..2]);
+    assert_eq!(
+        store.names(Some(&expected[0]), 100).await.unwrap(),
+        expected[1..]
+    );
+    // Moved into the state by a renewal: still listed once.
+    let renewed = store
+        .renew(
+            &hash,
+            &owner("A"),
+            FencingToken::new(old_token),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(renewed, Renew::Renewed(_)), "{renewed:?}");
+    assert_eq!(store.names(None, 100).await.unwrap(), expected);
+}
+
 /// The script spells the holder detail exactly as `idem_core::lease::holder_detail`.
 #[tokio::test]
 async fn holder_detail_matches_core() {

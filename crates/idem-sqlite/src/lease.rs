@@ -530,6 +530,38 @@ impl LeaseStore for SqliteStore {
             .collect()
     }
 
+    /// A plain read (no write lock) of the token counters, which every grant writes and
+    /// nothing deletes, joined with the lease rows (a row inserted by hand without its
+    /// counter is still a name `show` reports). Both are keyed by name (`BINARY`
+    /// collation: byte order), so a page is a walk of the two keys from `after`.
+    async fn names(
+        &self,
+        after: Option<&LeaseName>,
+        limit: usize,
+    ) -> Result<Vec<LeaseName>, LeaseError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Every name is non-empty, so '' is before all of them.
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM idem_lease_tokens WHERE name > ?1 \
+             UNION SELECT name FROM idem_leases WHERE name > ?1 \
+             ORDER BY name LIMIT ?2",
+        )
+        .bind(after.map_or("", LeaseName::as_str))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(lerr)?;
+        names
+            .into_iter()
+            .map(|n| {
+                LeaseName::new(n)
+                    .map_err(|e| LeaseError::Backend(format!("corrupt stored lease name: {e}")))
+            })
+            .collect()
+    }
+
     /// One batch, found by a plain read that scans the log (keyed by name, not time; an
     /// index on the time would cost every lease change a write) and never holds the
     /// write lock, then deleted by key under it.

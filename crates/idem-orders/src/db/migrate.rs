@@ -198,11 +198,74 @@ CREATE UNIQUE INDEX freezes_active_uq ON freezes (tenant_id, scope_kind, scope_v
     WHERE unfrozen_at IS NULL;
 "#;
 
-const COMMON: &[Migration] = &[Migration {
-    version: 1,
-    name: "ledgers",
-    sql: LEDGERS,
-}];
+/// The operator console's tables. Arrivals are evidence about keys, not a ledger: they
+/// are kept while their key has a record or an archive entry (`crate::arrivals`).
+const CONSOLE: &str = r#"
+-- Per key: when it first and last arrived and how many arrivals got each decision.
+CREATE TABLE arrival_keys (
+    tenant_id   TEXT   NOT NULL,
+    idem_key    TEXT   NOT NULL,
+    first_at    BIGINT NOT NULL,
+    last_at     BIGINT NOT NULL,
+    executed    BIGINT NOT NULL CHECK (executed >= 0),
+    replayed    BIGINT NOT NULL CHECK (replayed >= 0),
+    in_progress BIGINT NOT NULL CHECK (in_progress >= 0),
+    mismatch    BIGINT NOT NULL CHECK (mismatch >= 0),
+    refused     BIGINT NOT NULL CHECK (refused >= 0),
+    total       BIGINT NOT NULL CHECK (total > 0),
+    PRIMARY KEY (tenant_id, idem_key)
+);
+CREATE INDEX arrival_keys_by_last ON arrival_keys (last_at);
+
+-- The first arrivals of each key, one row each (bounded per key by the writer).
+CREATE TABLE arrivals (
+    tenant_id  TEXT   NOT NULL,
+    idem_key   TEXT   NOT NULL,
+    seq        BIGINT NOT NULL CHECK (seq > 0),
+    at         BIGINT NOT NULL,
+    decision   TEXT   NOT NULL CHECK (decision IN ('executed', 'replayed', 'in_progress',
+                   'mismatch', 'refused')),
+    status     BIGINT NOT NULL,
+    elapsed_ms BIGINT NOT NULL,
+    principal  TEXT   NOT NULL,
+    PRIMARY KEY (tenant_id, idem_key, seq)
+);
+
+-- Console sessions: the cookie's SHA-256 (never the cookie), its CSRF token and expiry.
+CREATE TABLE console_sessions (
+    session_hash TEXT   PRIMARY KEY,
+    operator     TEXT   NOT NULL,
+    csrf         TEXT   NOT NULL,
+    created_at   BIGINT NOT NULL,
+    expires_at   BIGINT NOT NULL,
+    ended_at     BIGINT
+);
+
+-- What the console did: who, what, on what, why, and how it went.
+CREATE TABLE console_audit (
+    audit_id TEXT   PRIMARY KEY,
+    at       BIGINT NOT NULL,
+    operator TEXT   NOT NULL,
+    action   TEXT   NOT NULL,
+    target   TEXT   NOT NULL,
+    reason   TEXT,
+    outcome  TEXT   NOT NULL
+);
+CREATE INDEX console_audit_by_at ON console_audit (at);
+"#;
+
+const COMMON: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "ledgers",
+        sql: LEDGERS,
+    },
+    Migration {
+        version: 2,
+        name: "console",
+        sql: CONSOLE,
+    },
+];
 
 const VERSIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS orders_schema_migrations (\
     version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)";

@@ -1,0 +1,666 @@
+//! The arrival timeline: every request that reached a key, with the layer's decision,
+//! for the operator console's key inspector.
+//!
+//! Recording is off the request path: [`ArrivalLog`] is the layer's
+//! [`ArrivalSink`]; `record` puts the arrival into a bounded buffer and returns (a full
+//! buffer drops it and counts the drop). A writer task takes what gathered every
+//! `flush_every` and writes it in one transaction: per key, one upsert of the counts
+//! (`arrival_keys`) and a row per arrival only for the first `per_key` arrivals
+//! (`arrivals`), so a hot key costs one row however often it replays.
+//!
+//! Retention follows the record: a key's arrivals are deleted once the key has neither
+//! an online record nor an archive entry (and its last arrival is older than
+//! `keep_at_least`, so a refusal that never made a record is still shown for a while).
+//! This module must not decide anything about a request, and deletes nothing but its
+//! own two tables' rows.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    ArchiveLookup, Arrival, ArrivalDecision, ArrivalSink, IdempotencyKey, IdempotencyStore, Millis,
+    Scope, TenantId,
+};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::sync::{mpsc, watch, Mutex};
+use tokio::task::JoinHandle;
+
+use crate::db::{sql, Conn, Database};
+use crate::error::Error;
+use crate::ledgers::now_ms;
+
+/// How the timeline is buffered and kept.
+#[derive(Debug, Clone)]
+pub struct ArrivalOptions {
+    /// Arrivals waiting to be written; more are dropped (and counted). Default 16 384.
+    pub buffer: usize,
+    /// Arrivals kept one by one per key; later ones are only counted. Default 64.
+    pub per_key: usize,
+    /// How long the writer gathers arrivals before one write. Default 100 ms.
+    pub flush_every: Duration,
+    /// How often keys without a record are looked for. Default 10 min.
+    pub sweep_every: Duration,
+    /// A key's arrivals stay at least this long after its last arrival. Default 1 h.
+    pub keep_at_least: Duration,
+}
+
+impl Default for ArrivalOptions {
+    fn default() -> Self {
+        Self {
+            buffer: 16_384,
+            per_key: 64,
+            flush_every: Duration::from_millis(100),
+            sweep_every: Duration::from_secs(600),
+            keep_at_least: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// One write takes at most this many arrivals.
+const MAX_BATCH: usize = 2048;
+/// Keys looked at per page of a retention pass.
+const SWEEP_PAGE: i64 = 500;
+
+#[derive(Default)]
+struct Counters {
+    recorded: Counter,
+    dropped: Counter,
+    written: Counter,
+    write_failures: Counter,
+}
+
+struct Inner {
+    tx: mpsc::Sender<Arrival>,
+    counters: Counters,
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The layer's arrival sink and its writer (see the module docs). Cheap to clone.
+#[derive(Clone)]
+pub struct ArrivalLog {
+    inner: Arc<Inner>,
+}
+
+impl ArrivalSink for ArrivalLog {
+    fn record(&self, arrival: Arrival) {
+        match self.inner.tx.try_send(arrival) {
+            Ok(()) => {
+                self.inner.counters.recorded.inc();
+            }
+            Err(_) => {
+                self.inner.counters.dropped.inc();
+            }
+        }
+    }
+}
+
+impl ArrivalLog {
+    /// Starts the writer (and the retention pass, with `records` and `archive` to ask
+    /// whether a key still has a record).
+    pub fn start(
+        db: Database,
+        records: Arc<dyn IdempotencyStore>,
+        archive: Option<Arc<dyn ArchiveLookup>>,
+        options: ArrivalOptions,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(options.buffer.max(1));
+        let (stop, stopped) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            tx,
+            counters: Counters::default(),
+            stop,
+            tasks: Mutex::new(Vec::new()),
+        });
+        let log = Self { inner };
+        let writer = tokio::spawn(write_loop(
+            db.clone(),
+            rx,
+            options.clone(),
+            stopped.clone(),
+            log.clone(),
+        ));
+        let sweeper = tokio::spawn(sweep_loop(db, records, archive, options, stopped));
+        log.inner
+            .tasks
+            .try_lock()
+            .expect("fresh lock")
+            .extend([writer, sweeper]);
+        log
+    }
+
+    /// Adds the log's counters to `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        let c = &self.inner.counters;
+        registry.register(
+            "idem_orders_arrivals_recorded",
+            "Keyed arrivals handed to the timeline's buffer",
+            c.recorded.clone(),
+        );
+        registry.register(
+            "idem_orders_arrivals_dropped",
+            "Keyed arrivals dropped because the timeline's buffer was full",
+            c.dropped.clone(),
+        );
+        registry.register(
+            "idem_orders_arrivals_written",
+            "Arrivals written to the timeline",
+            c.written.clone(),
+        );
+        registry.register(
+            "idem_orders_arrival_write_failures",
+            "Timeline writes that failed (their arrivals are lost)",
+            c.write_failures.clone(),
+        );
+    }
+
+    /// Arrivals dropped so far because the buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.inner.counters.dropped.get()
+    }
+
+    /// Arrivals written so far.
+    pub fn written(&self) -> u64 {
+        self.inner.counters.written.get()
+    }
+
+    /// Writes what is buffered and stops the writer and the retention pass.
+    pub async fn close(&self) {
+        self.inner.stop.send_replace(true);
+        let tasks = std::mem::take(&mut *self.inner.tasks.lock().await);
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+
+    fn wrote(&self, n: usize) {
+        self.inner.counters.written.inc_by(n as u64);
+    }
+
+    fn failed(&self) {
+        self.inner.counters.write_failures.inc();
+    }
+}
+
+async fn write_loop(
+    db: Database,
+    mut rx: mpsc::Receiver<Arrival>,
+    options: ArrivalOptions,
+    mut stopped: watch::Receiver<bool>,
+    log: ArrivalLog,
+) {
+    let mut batch = Vec::new();
+    loop {
+        let stopping = tokio::select! {
+            got = rx.recv() => match got {
+                Some(a) => { batch.push(a); false }
+                None => true,
+            },
+            _ = stopped.wait_for(|s| *s) => true,
+        };
+        if !stopping {
+            // Gather for a moment: one transaction for many arrivals.
+            tokio::select! {
+                _ = tokio::time::sleep(options.flush_every) => {}
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+        }
+        loop {
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(a) => batch.push(a),
+                    Err(_) => break,
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let n = batch.len();
+            match write_batch(&db, &batch, options.per_key).await {
+                Ok(()) => log.wrote(n),
+                Err(e) => {
+                    log.failed();
+                    tracing::warn!(error = %e, arrivals = n, "could not write the arrival timeline");
+                }
+            }
+            batch.clear();
+            if !stopping {
+                break;
+            }
+        }
+        if stopping || *stopped.borrow() {
+            return;
+        }
+    }
+}
+
+/// One key's arrivals of a batch.
+#[derive(Default)]
+struct KeyBatch<'a> {
+    arrivals: Vec<&'a Arrival>,
+    counts: [i64; 5],
+}
+
+fn slot(decision: ArrivalDecision) -> usize {
+    match decision {
+        ArrivalDecision::Executed => 0,
+        ArrivalDecision::Replayed => 1,
+        ArrivalDecision::InProgress => 2,
+        ArrivalDecision::Mismatch => 3,
+        ArrivalDecision::Refused => 4,
+    }
+}
+
+async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result<(), Error> {
+    let mut by_key: BTreeMap<(&str, &str), KeyBatch<'_>> = BTreeMap::new();
+    for a in batch {
+        let entry = by_key
+            .entry((a.scope.tenant.as_str(), a.scope.key.as_str()))
+            .or_default();
+        entry.counts[slot(a.decision)] += 1;
+        entry.arrivals.push(a);
+    }
+    let per_key = i64::try_from(per_key).unwrap_or(i64::MAX);
+    let mut tx = db.begin().await?;
+    let mut c = tx.conn();
+    for ((tenant, key), kb) in &by_key {
+        let n = kb.arrivals.len() as i64;
+        let first = kb.arrivals.iter().map(|a| a.at).min().unwrap_or_default();
+        let last = kb.arrivals.iter().map(|a| a.at).max().unwrap_or_default();
+        let total = c
+            .one(
+                sql(
+                    "INSERT INTO arrival_keys (tenant_id, idem_key, first_at, last_at, executed, \
+                       replayed, in_progress, mismatch, refused, total) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                     ON CONFLICT (tenant_id, idem_key) DO UPDATE SET \
+                       first_at = CASE WHEN excluded.first_at < arrival_keys.first_at \
+                         THEN excluded.first_at ELSE arrival_keys.first_at END, \
+                       last_at = CASE WHEN excluded.last_at > arrival_keys.last_at \
+                         THEN excluded.last_at ELSE arrival_keys.last_at END, \
+                       executed = arrival_keys.executed + excluded.executed, \
+                       replayed = arrival_keys.replayed + excluded.replayed, \
+                       in_progress = arrival_keys.in_progress + excluded.in_progress, \
+                       mismatch = arrival_keys.mismatch + excluded.mismatch, \
+                       refused = arrival_keys.refused + excluded.refused, \
+                       total = arrival_keys.total + excluded.total \
+                     RETURNING total",
+                )
+                .bind(*tenant)
+                .bind(*key)
+                .bind(first)
+                .bind(last)
+                .bind(kb.counts[0])
+                .bind(kb.counts[1])
+                .bind(kb.counts[2])
+                .bind(kb.counts[3])
+                .bind(kb.counts[4])
+                .bind(n),
+            )
+            .await?
+            .int("total")?;
+        let before = total - n;
+        for (i, a) in kb.arrivals.iter().enumerate() {
+            let seq = before + i as i64 + 1;
+            if seq > per_key {
+                break;
+            }
+            c.execute(
+                sql(
+                    "INSERT INTO arrivals (tenant_id, idem_key, seq, at, decision, status, \
+                       elapsed_ms, principal) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(*tenant)
+                .bind(*key)
+                .bind(seq)
+                .bind(a.at)
+                .bind(a.decision.as_str())
+                .bind(i64::from(a.status))
+                .bind(i64::from(a.elapsed_ms))
+                .bind(a.principal.as_str()),
+            )
+            .await?;
+        }
+    }
+    tx.commit().await
+}
+
+async fn sweep_loop(
+    db: Database,
+    records: Arc<dyn IdempotencyStore>,
+    archive: Option<Arc<dyn ArchiveLookup>>,
+    options: ArrivalOptions,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(options.sweep_every.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped.wait_for(|s| *s) => return,
+        }
+        let cutoff = now_ms() - i64::try_from(options.keep_at_least.as_millis()).unwrap_or(0);
+        match sweep(&db, records.as_ref(), archive.as_deref(), cutoff).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(
+                keys = n,
+                "arrival timelines of keys without a record deleted"
+            ),
+            Err(e) => tracing::warn!(error = %e, "could not sweep the arrival timeline"),
+        }
+    }
+}
+
+/// Deletes the timelines of keys last seen before `cutoff` that have neither a record
+/// nor an archive entry. Returns how many keys' timelines went.
+pub async fn sweep(
+    db: &Database,
+    records: &dyn IdempotencyStore,
+    archive: Option<&dyn ArchiveLookup>,
+    cutoff: Millis,
+) -> Result<usize, Error> {
+    let mut deleted = 0;
+    let mut after: (i64, String, String) = (i64::MIN, String::new(), String::new());
+    loop {
+        let page = {
+            let mut conn = db.acquire().await?;
+            conn.conn()
+                .all(
+                    sql("SELECT tenant_id, idem_key, last_at FROM arrival_keys \
+                         WHERE last_at < $1 AND (last_at > $2 OR (last_at = $2 AND \
+                           (tenant_id > $3 OR (tenant_id = $3 AND idem_key > $4)))) \
+                         ORDER BY last_at, tenant_id, idem_key LIMIT $5")
+                    .bind(cutoff)
+                    .bind(after.0)
+                    .bind(after.1.clone())
+                    .bind(after.2.clone())
+                    .bind(SWEEP_PAGE),
+                )
+                .await?
+        };
+        let full = page.len() as i64 == SWEEP_PAGE;
+        for row in &page {
+            let (tenant, key, last_at) = (
+                row.text("tenant_id")?,
+                row.text("idem_key")?,
+                row.int("last_at")?,
+            );
+            after = (last_at, tenant.clone(), key.clone());
+            // A key the store would refuse cannot have a record.
+            let (Ok(t), Ok(k)) = (
+                TenantId::new(tenant.clone()),
+                IdempotencyKey::new(key.clone()),
+            ) else {
+                delete_key(db, &tenant, &key, cutoff).await?;
+                deleted += 1;
+                continue;
+            };
+            if records
+                .get(&Scope::new(t.clone(), k.clone()))
+                .await?
+                .is_some()
+            {
+                continue;
+            }
+            if let Some(archive) = archive {
+                if archive.archived(&t, &k).await?.is_some() {
+                    continue;
+                }
+            }
+            deleted += delete_key(db, &tenant, &key, cutoff).await?;
+        }
+        if !full {
+            return Ok(deleted);
+        }
+    }
+}
+
+/// Deletes one key's timeline unless it arrived again since it was read.
+async fn delete_key(
+    db: &Database,
+    tenant: &str,
+    key: &str,
+    cutoff: Millis,
+) -> Result<usize, Error> {
+    let mut tx = db.begin().await?;
+    let mut c = tx.conn();
+    let gone = c
+        .execute(
+            sql("DELETE FROM arrival_keys WHERE tenant_id = $1 AND idem_key = $2 AND last_at < $3")
+                .bind(tenant)
+                .bind(key)
+                .bind(cutoff),
+        )
+        .await?;
+    if gone == 1 {
+        c.execute(
+            sql("DELETE FROM arrivals WHERE tenant_id = $1 AND idem_key = $2")
+                .bind(tenant)
+                .bind(key),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(gone as usize)
+}
+
+/// One arrival as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArrivalRow {
+    pub seq: i64,
+    pub at: Millis,
+    pub decision: ArrivalDecision,
+    pub status: u16,
+    pub elapsed_ms: i64,
+    pub principal: String,
+}
+
+/// A key's timeline: the counts of every arrival, and the first ones one by one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyArrivals {
+    pub first_at: Millis,
+    pub last_at: Millis,
+    pub total: i64,
+    /// By decision, in [`ArrivalDecision::ALL`] order.
+    pub counts: Vec<(ArrivalDecision, i64)>,
+    pub arrivals: Vec<ArrivalRow>,
+}
+
+impl KeyArrivals {
+    pub fn count(&self, decision: ArrivalDecision) -> i64 {
+        self.counts
+            .iter()
+            .find(|(d, _)| *d == decision)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// `8 arrivals: 1 executed, 7 replayed` (decisions that never happened left out).
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .counts
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(d, n)| format!("{n} {}", d.label()))
+            .collect();
+        let noun = if self.total == 1 {
+            "arrival"
+        } else {
+            "arrivals"
+        };
+        format!("{} {noun}: {}", self.total, parts.join(", "))
+    }
+}
+
+/// The timeline of `(tenant, key)`, if it had an arrival.
+pub async fn key_arrivals(
+    db: &Database,
+    tenant: &str,
+    key: &str,
+) -> Result<Option<KeyArrivals>, Error> {
+    let mut conn = db.acquire().await?;
+    let mut c = conn.conn();
+    key_arrivals_on(&mut c, tenant, key).await
+}
+
+async fn key_arrivals_on(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    key: &str,
+) -> Result<Option<KeyArrivals>, Error> {
+    let Some(head) = c
+        .optional(
+            sql(
+                "SELECT first_at, last_at, executed, replayed, in_progress, mismatch, refused, \
+                   total FROM arrival_keys WHERE tenant_id = $1 AND idem_key = $2",
+            )
+            .bind(tenant)
+            .bind(key),
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let counts = ArrivalDecision::ALL
+        .into_iter()
+        .map(|d| Ok((d, head.int(d.as_str())?)))
+        .collect::<Result<Vec<_>, Error>>()?;
+    let rows = c
+        .all(
+            sql(
+                "SELECT seq, at, decision, status, elapsed_ms, principal FROM arrivals \
+                 WHERE tenant_id = $1 AND idem_key = $2 ORDER BY seq",
+            )
+            .bind(tenant)
+            .bind(key),
+        )
+        .await?;
+    let arrivals = rows
+        .iter()
+        .map(|r| {
+            Ok(ArrivalRow {
+                seq: r.int("seq")?,
+                at: r.int("at")?,
+                decision: r.text("decision")?.parse().map_err(Error::Backend)?,
+                status: u16::try_from(r.int("status")?).unwrap_or(0),
+                elapsed_ms: r.int("elapsed_ms")?,
+                principal: r.text("principal")?,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    Ok(Some(KeyArrivals {
+        first_at: head.int("first_at")?,
+        last_at: head.int("last_at")?,
+        total: head.int("total")?,
+        counts,
+        arrivals,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::Principal;
+
+    fn arrival(key: &str, decision: ArrivalDecision, at: Millis) -> Arrival {
+        Arrival {
+            scope: Scope::new(
+                TenantId::new("t1").unwrap(),
+                IdempotencyKey::new(key).unwrap(),
+            ),
+            principal: Principal::new("p").unwrap(),
+            decision,
+            status: 201,
+            at,
+            elapsed_ms: 3,
+        }
+    }
+
+    #[tokio::test]
+    async fn bounded_per_key_and_kept_while_the_record_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open_sqlite(dir.path().join("a.db"))
+            .await
+            .unwrap();
+        let t1 = TenantId::new("t1").unwrap();
+        db.store()
+            .seed_terminal(&t1, "kept-", 1, now_ms(), 10)
+            .await
+            .unwrap();
+        // 70 arrivals of a recorded key in two batches, 2 of a key without a record.
+        let now = now_ms() - 10_000;
+        let mut batch: Vec<Arrival> = (0..40)
+            .map(|i| {
+                arrival(
+                    "kept-0",
+                    if i == 0 {
+                        ArrivalDecision::Executed
+                    } else {
+                        ArrivalDecision::Replayed
+                    },
+                    now + i,
+                )
+            })
+            .collect();
+        batch.push(arrival("gone", ArrivalDecision::Refused, now));
+        write_batch(&db, &batch, 64).await.unwrap();
+        let batch: Vec<Arrival> = (40..70)
+            .map(|i| arrival("kept-0", ArrivalDecision::Replayed, now + i))
+            .chain([arrival("gone", ArrivalDecision::Mismatch, now + 1)])
+            .collect();
+        write_batch(&db, &batch, 64).await.unwrap();
+        let kept = key_arrivals(&db, "t1", "kept-0").await.unwrap().unwrap();
+        assert_eq!(kept.total, 70);
+        assert_eq!(kept.arrivals.len(), 64);
+        assert_eq!(kept.summary(), "70 arrivals: 1 executed, 69 replayed");
+        assert_eq!(kept.arrivals.last().unwrap().seq, 64);
+        assert_eq!((kept.first_at, kept.last_at), (now, now + 69));
+        let records = db.idempotency_store();
+        let archive = db.store().archive();
+        // Too recent to go, whatever the record says.
+        assert_eq!(
+            sweep(&db, records.as_ref(), Some(archive.as_ref()), now - 1)
+                .await
+                .unwrap(),
+            0
+        );
+        // Older than the cutoff: the key without a record goes, the other stays.
+        assert_eq!(
+            sweep(&db, records.as_ref(), Some(archive.as_ref()), now_ms())
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(key_arrivals(&db, "t1", "gone").await.unwrap().is_none());
+        assert_eq!(
+            key_arrivals(&db, "t1", "kept-0")
+                .await
+                .unwrap()
+                .unwrap()
+                .total,
+            70
+        );
+    }
+
+    #[test]
+    fn summary_names_what_happened() {
+        let k = KeyArrivals {
+            first_at: 0,
+            last_at: 1,
+            total: 8,
+            counts: vec![
+                (ArrivalDecision::Executed, 1),
+                (ArrivalDecision::Replayed, 7),
+                (ArrivalDecision::InProgress, 0),
+                (ArrivalDecision::Mismatch, 0),
+                (ArrivalDecision::Refused, 0),
+            ],
+            arrivals: vec![],
+        };
+        assert_eq!(k.summary(), "8 arrivals: 1 executed, 7 replayed");
+        assert_eq!(k.count(ArrivalDecision::Replayed), 7);
+    }
+}

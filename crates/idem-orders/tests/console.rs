@@ -1,0 +1,397 @@
+//! The operator console's routes on a real server, on SQLite and PostgreSQL: login and
+//! sessions, CSRF and cross-site posts, the arrival timeline, and escaping of stored
+//! bodies and keys.
+
+#[macro_use]
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+/// A client that does not follow redirects (the tests look at them).
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+struct Page {
+    status: u16,
+    location: String,
+    set_cookie: String,
+    text: String,
+}
+
+async fn page_of(r: reqwest::Response) -> Page {
+    let header = |n: &str| {
+        r.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let (location, set_cookie) = (header("location"), header("set-cookie"));
+    Page {
+        status: r.status().as_u16(),
+        location,
+        set_cookie,
+        text: r.text().await.unwrap(),
+    }
+}
+
+async fn get(s: &TestServer, path: &str, cookie: Option<&str>) -> Page {
+    let mut req = client().get(format!("{}{path}", s.base));
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
+    page_of(req.send().await.unwrap()).await
+}
+
+async fn post_form(
+    s: &TestServer,
+    path: &str,
+    cookie: Option<&str>,
+    fields: &[(&str, &str)],
+    origin: Option<&str>,
+) -> Page {
+    let body: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(fields)
+        .finish();
+    let mut req = client()
+        .post(format!("{}{path}", s.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body);
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
+    if let Some(o) = origin {
+        req = req.header("origin", o);
+    }
+    page_of(req.send().await.unwrap()).await
+}
+
+/// Logs in as `name`: the session cookie and the page's CSRF token.
+async fn login(s: &TestServer, name: &str) -> (String, String) {
+    let p = post_form(
+        s,
+        "/console/login",
+        None,
+        &[("operator", name), ("token", ADMIN)],
+        None,
+    )
+    .await;
+    assert_eq!(p.status, 303, "login: {}", p.text);
+    let cookie = p.set_cookie.split(';').next().unwrap().to_owned();
+    let overview = get(s, "/console/", Some(&cookie)).await;
+    assert_eq!(overview.status, 200, "{}", overview.text);
+    (cookie, csrf_of(&overview.text))
+}
+
+fn csrf_of(html: &str) -> String {
+    let at = html.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+    html[at..at + 64].to_owned()
+}
+
+async fn login_and_sessions(env: Env) {
+    let s = env.start().await;
+    // No session: to the login page.
+    let p = get(&s, "/console/", None).await;
+    assert_eq!((p.status, p.location.as_str()), (303, "/console/login"));
+    let p = get(&s, "/console/login", None).await;
+    assert_eq!(p.status, 200);
+    assert!(p.text.contains("Admin token") && p.text.contains("type=\"password\""));
+
+    // A wrong token: refused, no cookie, still no way in.
+    let p = post_form(
+        &s,
+        "/console/login",
+        None,
+        &[("operator", "mallory"), ("token", "not-the-admin-token")],
+        None,
+    )
+    .await;
+    assert_eq!(p.status, 401);
+    assert!(p.text.contains("not accepted"), "{}", p.text);
+    assert!(p.set_cookie.is_empty());
+
+    // The right token: an HttpOnly, SameSite=Strict cookie with an expiry.
+    let p = post_form(
+        &s,
+        "/console/login",
+        None,
+        &[("operator", "ana"), ("token", ADMIN)],
+        None,
+    )
+    .await;
+    assert_eq!((p.status, p.location.as_str()), (303, "/console/"));
+    for attr in ["HttpOnly", "SameSite=Strict", "Max-Age=", "Path=/console"] {
+        assert!(p.set_cookie.contains(attr), "{attr} in {}", p.set_cookie);
+    }
+    let cookie = p.set_cookie.split(';').next().unwrap().to_owned();
+    let overview = get(&s, "/console/", Some(&cookie)).await;
+    assert_eq!(overview.status, 200);
+    assert!(overview.text.contains("<h1>Overview</h1>"));
+    assert!(overview.text.contains("aria-label=\"Console\""));
+    // No script anywhere, and a policy that allows none.
+    assert!(!overview.text.contains("<script"));
+    let r = client()
+        .get(format!("{}/console/", s.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    let csp = r.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'none'"), "{csp}");
+    assert_eq!(r.headers()["cache-control"], "no-store");
+
+    // A forged cookie is no session.
+    let forged = format!("idem_console={}", "ab".repeat(32));
+    assert_eq!(get(&s, "/console/", Some(&forged)).await.status, 303);
+
+    // Logging out needs the form token, then ends the session everywhere.
+    let csrf = csrf_of(&overview.text);
+    let p = post_form(&s, "/console/logout", Some(&cookie), &[("csrf", "x")], None).await;
+    assert_eq!(p.status, 403);
+    let p = post_form(
+        &s,
+        "/console/logout",
+        Some(&cookie),
+        &[("csrf", &csrf)],
+        None,
+    )
+    .await;
+    assert_eq!((p.status, p.location.as_str()), (303, "/console/login"));
+    assert!(p.set_cookie.contains("Max-Age=0"));
+    assert_eq!(get(&s, "/console/", Some(&cookie)).await.status, 303);
+
+    // Both logins and the refusal are in the audit.
+    let (cookie, _) = login(&s, "ben").await;
+    let audit = get(&s, "/console/audit", Some(&cookie)).await;
+    assert!(
+        audit.text.contains("refused: wrong admin token"),
+        "{}",
+        audit.text
+    );
+    assert!(audit.text.contains("ana") && audit.text.contains("logout"));
+    s.shutdown().await;
+}
+
+async fn csrf_and_cross_site_posts(env: Env) {
+    let s = env.start().await;
+    let (cookie, csrf) = login(&s, "ana").await;
+    let freeze = |csrf: &'static str| {
+        vec![
+            ("csrf", csrf),
+            ("tenant", "t1"),
+            ("scope_kind", "user"),
+            ("scope_value", "U-csrf"),
+            ("what", "payment-confirm"),
+            ("what", "ticketing"),
+            ("reason", "drill"),
+        ]
+    };
+    // No token, a wrong token, a right token from another origin: all refused.
+    let mut no_token = freeze("");
+    no_token.remove(0);
+    let p = post_form(&s, "/console/freezes", Some(&cookie), &no_token, None).await;
+    assert_eq!(p.status, 403, "{}", p.text);
+    let p = post_form(&s, "/console/freezes", Some(&cookie), &freeze("0000"), None).await;
+    assert_eq!(p.status, 403);
+    let csrf: &'static str = Box::leak(csrf.into_boxed_str());
+    let p = post_form(
+        &s,
+        "/console/freezes",
+        Some(&cookie),
+        &freeze(csrf),
+        Some("http://evil.example"),
+    )
+    .await;
+    assert_eq!(p.status, 403);
+    assert!(s.get_admin("/v1/admin/freezes").await["active"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    // Without a session, a post goes to the login page and changes nothing.
+    let p = post_form(&s, "/console/freezes", None, &freeze(csrf), None).await;
+    assert_eq!(p.status, 303);
+
+    // The right token, same origin: frozen, recorded with who and why.
+    let origin = s.base.clone();
+    let p = post_form(
+        &s,
+        "/console/freezes",
+        Some(&cookie),
+        &freeze(csrf),
+        Some(&origin),
+    )
+    .await;
+    assert_eq!(
+        (p.status, p.location.as_str()),
+        (303, "/console/freezes"),
+        "{}",
+        p.text
+    );
+    let active = s.get_admin("/v1/admin/freezes").await;
+    let active = active["active"].as_array().unwrap();
+    assert_eq!(active.len(), 2, "{active:?}");
+    assert_eq!(active[0]["frozen_by"], "console:ana");
+    let page = get(&s, "/console/freezes", Some(&cookie)).await;
+    assert!(page.text.contains("user:U-csrf") && page.text.contains("drill"));
+
+    // A reason is required.
+    let p = post_form(
+        &s,
+        "/console/freezes/unfreeze",
+        Some(&cookie),
+        &[
+            ("csrf", csrf),
+            ("tenant", "t1"),
+            ("scope", "user:U-csrf"),
+            ("what", "payment-confirm"),
+            ("what", "ticketing"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(p.status, 400);
+    let p = post_form(
+        &s,
+        "/console/freezes/unfreeze",
+        Some(&cookie),
+        &[
+            ("csrf", csrf),
+            ("tenant", "t1"),
+            ("scope", "user:U-csrf"),
+            ("what", "payment-confirm"),
+            ("what", "ticketing"),
+            ("reason", "drill over"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(p.status, 303, "{}", p.text);
+    assert!(s.get_admin("/v1/admin/freezes").await["active"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let audit = get(&s, "/console/audit", Some(&cookie)).await;
+    assert!(audit.text.contains("unfreeze") && audit.text.contains("drill over"));
+    s.shutdown().await;
+}
+
+/// Polls the key page until `done` holds.
+async fn key_page_until(
+    s: &TestServer,
+    cookie: &str,
+    path: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let p = get(s, path, Some(cookie)).await;
+        if done(&p.text) {
+            return p.text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "key page never showed it: {}",
+            p.text
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn eight_duplicates_on_the_timeline(env: Env) {
+    let s = env.start().await;
+    let (cookie, _) = login(&s, "ana").await;
+    let first = s.create(T1, "dup-8", "U-8", "S-204", 1).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let order = first.order_id();
+    let replays =
+        futures::future::join_all((0..7).map(|_| s.create(T1, "dup-8", "U-8", "S-204", 1))).await;
+    assert!(replays.iter().all(|r| r.replayed && r.order_id() == order));
+    let text = key_page_until(&s, &cookie, "/console/keys/t1/dup-8", |t| {
+        t.contains("8 arrivals: 1 executed, 7 replayed")
+    })
+    .await;
+    assert!(text.contains("id=\"key-order\""), "{text}");
+    assert!(text.contains(&order));
+    assert!(text.contains("id=\"record-state\">succeeded<"), "{text}");
+    assert_eq!(text.matches("<td>replayed</td>").count(), 7);
+    // The other tenant's key of the same name is not this one.
+    let other = get(&s, "/console/keys/t2/dup-8", Some(&cookie)).await;
+    assert_eq!(other.status, 404);
+    // Search by order lists the key.
+    let found = get(
+        &s,
+        &format!("/console/search?by=order&q={order}"),
+        Some(&cookie),
+    )
+    .await;
+    assert!(
+        found.text.contains("/console/keys/t1/dup-8"),
+        "{}",
+        found.text
+    );
+    s.shutdown().await;
+}
+
+async fn stored_bodies_and_keys_render_as_text(env: Env) {
+    let s = env.start().await;
+    let (cookie, _) = login(&s, "ana").await;
+    let key = "<script>alert(1)</script>";
+    let r = s
+        .post(
+            "/v1/orders",
+            T1,
+            Some(key),
+            &json!({"user_id": "<script>alert(2)</script>", "show_id": "S-204", "quantity": 1}),
+        )
+        .await;
+    assert!(r.status < 500, "{}", r.body);
+    let encoded: String = form_urlencoded::byte_serialize(key.as_bytes()).collect();
+    let path = format!("/console/keys/t1/{}", encoded.replace('+', "%20"));
+    let text = key_page_until(&s, &cookie, &path, |t| t.contains("1 arrival:")).await;
+    assert!(!text.contains("<script"), "raw markup on the page: {text}");
+    assert!(text.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(text.contains("id=\"stored-body\""));
+    // Search results escape it too.
+    let found = get(
+        &s,
+        &format!("/console/search?by=key&q={encoded}"),
+        Some(&cookie),
+    )
+    .await;
+    assert!(!found.text.contains("<script"));
+    assert!(found.text.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    s.shutdown().await;
+}
+
+async fn disabled_without_an_admin_token(env: Env) {
+    let s = env.start_with(|c| c.admin_token = None).await;
+    let p = get(&s, "/console/", None).await;
+    assert_eq!(p.status, 403);
+    assert!(p.text.contains("The console is disabled"));
+    let p = post_form(
+        &s,
+        "/console/login",
+        None,
+        &[("operator", "a"), ("token", ADMIN)],
+        None,
+    )
+    .await;
+    assert_eq!(p.status, 403);
+    s.shutdown().await;
+}
+
+on_both_stores!(
+    login_and_sessions,
+    csrf_and_cross_site_posts,
+    eight_duplicates_on_the_timeline,
+    stored_bodies_and_keys_render_as_text,
+    disabled_without_an_admin_token,
+);
