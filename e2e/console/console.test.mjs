@@ -507,6 +507,25 @@ await step('a key with markup is shown as text', async () => {
   assert.deepEqual(dialogs, [], 'no dialog opened');
 });
 
+await step('pages fit a phone and the keyboard reaches the nav', async () => {
+  await page.setViewportSize({ width: 390, height: 844 });
+  for (const path of ['/console/', keyPage(KEY), '/console/freezes', '/console/reconcile?tenant=legacy', '/console/leases']) {
+    await open(path);
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 1, `${path} is ${overflow} px wider than a 390 px screen`);
+  }
+  await screenshot('phone-key');
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await open('/console/');
+  // Tab from the top: the first stops are the brand link and the nav's links.
+  const reached = [];
+  for (let i = 0; i < 4; i++) {
+    await page.keyboard.press('Tab');
+    reached.push(await page.evaluate(() => document.activeElement && document.activeElement.textContent.trim()));
+  }
+  assert.ok(reached.includes('Overview') && reached.includes('Search'), `Tab reaches the nav: ${reached}`);
+});
+
 await step('log out', async () => {
   await open('/console/');
   await submit(page.getByRole('button', { name: 'Log out', exact: true }).first());

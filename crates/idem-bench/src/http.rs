@@ -401,13 +401,18 @@ async fn measure(
         }
         None => None,
     };
-    let slices = if timeline_server.is_some() { 2 } else { 1 };
+    let slices = if timeline_server.is_some() { 4 } else { 1 };
     let slice = phase / slices;
     let mut replay_slices = Vec::new();
     let mut timeline_slices = Vec::new();
-    for _ in 0..slices {
-        let targets = std::iter::once((url.clone(), false))
-            .chain(timeline_server.iter().map(|(u, _)| (u.clone(), true)));
+    for i in 0..slices {
+        let mut targets: Vec<(String, bool)> = std::iter::once((url.clone(), false))
+            .chain(timeline_server.iter().map(|(u, _)| (u.clone(), true)))
+            .collect();
+        // Each side goes first as often as the other.
+        if i % 2 == 1 {
+            targets.reverse();
+        }
         for (target, with_timeline) in targets {
             let (client, keys) = (client.clone(), keys.clone());
             let name = if with_timeline {

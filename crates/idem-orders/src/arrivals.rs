@@ -35,11 +35,11 @@ use crate::ledgers::now_ms;
 /// How the timeline is buffered and kept.
 #[derive(Debug, Clone)]
 pub struct ArrivalOptions {
-    /// Arrivals waiting to be written; more are dropped (and counted). Default 16 384.
+    /// Arrivals waiting to be written; more are dropped (and counted). Default 65 536.
     pub buffer: usize,
     /// Arrivals kept one by one per key; later ones are only counted. Default 64.
     pub per_key: usize,
-    /// How long the writer gathers arrivals before one write. Default 100 ms.
+    /// How long the writer gathers arrivals before one write. Default 1 s.
     pub flush_every: Duration,
     /// How often keys without a record are looked for. Default 10 min.
     pub sweep_every: Duration,
@@ -50,17 +50,19 @@ pub struct ArrivalOptions {
 impl Default for ArrivalOptions {
     fn default() -> Self {
         Self {
-            buffer: 16_384,
+            buffer: 65_536,
             per_key: 64,
-            flush_every: Duration::from_millis(100),
+            flush_every: Duration::from_secs(1),
             sweep_every: Duration::from_secs(600),
             keep_at_least: Duration::from_secs(3600),
         }
     }
 }
 
-/// One write takes at most this many arrivals.
-const MAX_BATCH: usize = 2048;
+/// One write takes at most this many arrivals (gathered in memory while waiting).
+const MAX_BATCH: usize = 65_536;
+/// How often a gathering writer looks at the buffer's fill.
+const GLANCE: Duration = Duration::from_millis(100);
 /// Keys looked at per page of a retention pass.
 const SWEEP_PAGE: i64 = 500;
 
@@ -194,20 +196,30 @@ async fn write_loop(
 ) {
     let mut batch = Vec::new();
     loop {
-        let stopping = tokio::select! {
+        let mut stopping = tokio::select! {
             got = rx.recv() => match got {
                 Some(a) => { batch.push(a); false }
                 None => true,
             },
             _ = stopped.wait_for(|s| *s) => true,
         };
-        if !stopping {
-            // Gather for a moment: one transaction for many arrivals.
+        // Gather for a moment: one transaction for many arrivals, one upsert per key. The
+        // writer sleeps meanwhile (waking per arrival would cost the request path its
+        // CPU), looking every `GLANCE` whether the buffer is half full already.
+        let deadline = tokio::time::Instant::now() + options.flush_every;
+        let half = options.buffer.max(2) / 2;
+        while !stopping {
+            let now = tokio::time::Instant::now();
+            if now >= deadline || rx.len() >= half {
+                break;
+            }
             tokio::select! {
-                _ = tokio::time::sleep(options.flush_every) => {}
-                _ = stopped.wait_for(|s| *s) => {}
+                _ = tokio::time::sleep(GLANCE.min(deadline - now)) => {}
+                _ = stopped.wait_for(|s| *s) => stopping = true,
             }
         }
+        // Once stopping, everything buffered is written before the writer ends.
+        stopping = stopping || *stopped.borrow();
         loop {
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
@@ -231,11 +243,14 @@ async fn write_loop(
                 break;
             }
         }
-        if stopping || *stopped.borrow() {
+        if stopping {
             return;
         }
     }
 }
+
+/// A key and its arrivals, as the batch's map yields them.
+type KeyEntry<'m, 'a> = (&'m (&'a str, &'a str), &'m KeyBatch<'a>);
 
 /// One key's arrivals of a batch.
 #[derive(Default)]
@@ -254,6 +269,95 @@ fn slot(decision: ArrivalDecision) -> usize {
     }
 }
 
+/// Arrival rows per multi-row insert (8 parameters each: well within both databases'
+/// limits).
+const ROWS_PER_INSERT: usize = 32;
+
+/// `INSERT INTO arrivals … VALUES (…), (…) …` for [`ROWS_PER_INSERT`] rows, made once.
+fn insert_many() -> &'static str {
+    static TEXT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let values: Vec<String> = (0..ROWS_PER_INSERT)
+            .map(|r| {
+                let p: Vec<String> = (1..=8).map(|c| format!("${}", r * 8 + c)).collect();
+                format!("({})", p.join(", "))
+            })
+            .collect();
+        let text = format!(
+            "INSERT INTO arrivals (tenant_id, idem_key, seq, at, decision, status, elapsed_ms, \
+             principal) VALUES {} ON CONFLICT DO NOTHING",
+            values.join(", ")
+        );
+        // Built once per process; statements take static text.
+        Box::leak(text.into_boxed_str())
+    })
+}
+
+/// The counts upsert for `keys` rows.
+fn upsert_text(keys: usize) -> String {
+    let values: Vec<String> = (0..keys)
+        .map(|r| {
+            let p: Vec<String> = (1..=10).map(|c| format!("${}", r * 10 + c)).collect();
+            format!("({})", p.join(", "))
+        })
+        .collect();
+    format!(
+        "INSERT INTO arrival_keys (tenant_id, idem_key, first_at, last_at, executed, replayed, \
+           in_progress, mismatch, refused, total) VALUES {} \
+         ON CONFLICT (tenant_id, idem_key) DO UPDATE SET \
+           first_at = CASE WHEN excluded.first_at < arrival_keys.first_at \
+             THEN excluded.first_at ELSE arrival_keys.first_at END, \
+           last_at = CASE WHEN excluded.last_at > arrival_keys.last_at \
+             THEN excluded.last_at ELSE arrival_keys.last_at END, \
+           executed = arrival_keys.executed + excluded.executed, \
+           replayed = arrival_keys.replayed + excluded.replayed, \
+           in_progress = arrival_keys.in_progress + excluded.in_progress, \
+           mismatch = arrival_keys.mismatch + excluded.mismatch, \
+           refused = arrival_keys.refused + excluded.refused, \
+           total = arrival_keys.total + excluded.total \
+         RETURNING tenant_id, idem_key, total",
+        values.join(", ")
+    )
+}
+
+/// [`upsert_text`] for one and for [`ROWS_PER_INSERT`] keys, made once.
+fn upsert_one() -> &'static str {
+    static TEXT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| Box::leak(upsert_text(1).into_boxed_str()))
+}
+
+fn upsert_many() -> &'static str {
+    static TEXT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| Box::leak(upsert_text(ROWS_PER_INSERT).into_boxed_str()))
+}
+
+fn bind_counts(q: crate::db::Sql, tenant: &str, key: &str, kb: &KeyBatch<'_>) -> crate::db::Sql {
+    let first = kb.arrivals.iter().map(|a| a.at).min().unwrap_or_default();
+    let last = kb.arrivals.iter().map(|a| a.at).max().unwrap_or_default();
+    let mut q = q.bind(tenant).bind(key).bind(first).bind(last);
+    for n in kb.counts {
+        q = q.bind(n);
+    }
+    q.bind(kb.arrivals.len() as i64)
+}
+
+fn bind_arrival(
+    q: crate::db::Sql,
+    tenant: &str,
+    key: &str,
+    seq: i64,
+    a: &Arrival,
+) -> crate::db::Sql {
+    q.bind(tenant)
+        .bind(key)
+        .bind(seq)
+        .bind(a.at)
+        .bind(a.decision.as_str())
+        .bind(i64::from(a.status))
+        .bind(i64::from(a.elapsed_ms))
+        .bind(a.principal.as_str())
+}
+
 async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result<(), Error> {
     let mut by_key: BTreeMap<(&str, &str), KeyBatch<'_>> = BTreeMap::new();
     for a in batch {
@@ -264,67 +368,63 @@ async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result
         entry.arrivals.push(a);
     }
     let per_key = i64::try_from(per_key).unwrap_or(i64::MAX);
+    let mut rows: Vec<(&str, &str, i64, &Arrival)> = Vec::new();
     let mut tx = db.begin().await?;
     let mut c = tx.conn();
+    // Counts first, `ROWS_PER_INSERT` keys per upsert; each answers its new totals.
+    let keys: Vec<KeyEntry<'_, '_>> = by_key.iter().collect();
+    let mut totals: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut chunks = keys.chunks_exact(ROWS_PER_INSERT);
+    let mut statements: Vec<(&'static str, &[KeyEntry<'_, '_>])> = Vec::new();
+    for chunk in &mut chunks {
+        statements.push((upsert_many(), chunk));
+    }
+    for one in chunks.remainder().chunks(1) {
+        statements.push((upsert_one(), one));
+    }
+    for (text, group) in statements {
+        let mut q = sql(text);
+        for ((tenant, key), kb) in group {
+            q = bind_counts(q, tenant, key, kb);
+        }
+        for row in c.all(q).await? {
+            totals.insert(
+                (row.text("tenant_id")?, row.text("idem_key")?),
+                row.int("total")?,
+            );
+        }
+    }
     for ((tenant, key), kb) in &by_key {
         let n = kb.arrivals.len() as i64;
-        let first = kb.arrivals.iter().map(|a| a.at).min().unwrap_or_default();
-        let last = kb.arrivals.iter().map(|a| a.at).max().unwrap_or_default();
-        let total = c
-            .one(
-                sql(
-                    "INSERT INTO arrival_keys (tenant_id, idem_key, first_at, last_at, executed, \
-                       replayed, in_progress, mismatch, refused, total) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-                     ON CONFLICT (tenant_id, idem_key) DO UPDATE SET \
-                       first_at = CASE WHEN excluded.first_at < arrival_keys.first_at \
-                         THEN excluded.first_at ELSE arrival_keys.first_at END, \
-                       last_at = CASE WHEN excluded.last_at > arrival_keys.last_at \
-                         THEN excluded.last_at ELSE arrival_keys.last_at END, \
-                       executed = arrival_keys.executed + excluded.executed, \
-                       replayed = arrival_keys.replayed + excluded.replayed, \
-                       in_progress = arrival_keys.in_progress + excluded.in_progress, \
-                       mismatch = arrival_keys.mismatch + excluded.mismatch, \
-                       refused = arrival_keys.refused + excluded.refused, \
-                       total = arrival_keys.total + excluded.total \
-                     RETURNING total",
-                )
-                .bind(*tenant)
-                .bind(*key)
-                .bind(first)
-                .bind(last)
-                .bind(kb.counts[0])
-                .bind(kb.counts[1])
-                .bind(kb.counts[2])
-                .bind(kb.counts[3])
-                .bind(kb.counts[4])
-                .bind(n),
-            )
-            .await?
-            .int("total")?;
+        let total = *totals
+            .get(&((*tenant).to_owned(), (*key).to_owned()))
+            .ok_or_else(|| Error::Backend("the arrival upsert returned no total".into()))?;
         let before = total - n;
         for (i, a) in kb.arrivals.iter().enumerate() {
             let seq = before + i as i64 + 1;
             if seq > per_key {
                 break;
             }
-            c.execute(
-                sql(
-                    "INSERT INTO arrivals (tenant_id, idem_key, seq, at, decision, status, \
-                       elapsed_ms, principal) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                     ON CONFLICT DO NOTHING",
-                )
-                .bind(*tenant)
-                .bind(*key)
-                .bind(seq)
-                .bind(a.at)
-                .bind(a.decision.as_str())
-                .bind(i64::from(a.status))
-                .bind(i64::from(a.elapsed_ms))
-                .bind(a.principal.as_str()),
-            )
-            .await?;
+            rows.push((tenant, key, seq, *a));
         }
+    }
+    // The rows in statements of `ROWS_PER_INSERT` (a key's first batch can hold
+    // thousands; one round trip each would stall the writer), the rest one by one.
+    let mut chunks = rows.chunks_exact(ROWS_PER_INSERT);
+    for chunk in &mut chunks {
+        let mut q = sql(insert_many());
+        for (tenant, key, seq, a) in chunk {
+            q = bind_arrival(q, tenant, key, *seq, a);
+        }
+        c.execute(q).await?;
+    }
+    for (tenant, key, seq, a) in chunks.remainder() {
+        let q = sql(
+            "INSERT INTO arrivals (tenant_id, idem_key, seq, at, decision, status, \
+               elapsed_ms, principal) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT DO NOTHING",
+        );
+        c.execute(bind_arrival(q, tenant, key, *seq, a)).await?;
     }
     tx.commit().await
 }
@@ -532,7 +632,7 @@ async fn key_arrivals_on(
         .all(
             sql(
                 "SELECT seq, at, decision, status, elapsed_ms, principal FROM arrivals \
-                 WHERE tenant_id = $1 AND idem_key = $2 ORDER BY seq",
+                 WHERE tenant_id = $1 AND idem_key = $2 ORDER BY at, seq",
             )
             .bind(tenant)
             .bind(key),
@@ -643,6 +743,27 @@ mod tests {
                 .total,
             70
         );
+
+        // Many keys in one batch go in multi-row statements; every total lands on its key.
+        let many: Vec<Arrival> = (0..100)
+            .flat_map(|k| {
+                (0..=k % 3)
+                    .map(move |i| arrival(&format!("many-{k}"), ArrivalDecision::Replayed, now + i))
+            })
+            .collect();
+        write_batch(&db, &many, 64).await.unwrap();
+        write_batch(&db, &many, 64).await.unwrap();
+        for k in 0..100 {
+            let a = key_arrivals(&db, "t1", &format!("many-{k}"))
+                .await
+                .unwrap()
+                .unwrap();
+            let n = 2 * (k % 3 + 1);
+            assert_eq!((a.total, a.arrivals.len() as i64), (n, n), "many-{k}");
+            let mut seqs: Vec<i64> = a.arrivals.iter().map(|x| x.seq).collect();
+            seqs.sort();
+            assert_eq!(seqs, (1..=n).collect::<Vec<_>>(), "many-{k}");
+        }
     }
 
     #[test]

@@ -388,7 +388,183 @@ async fn disabled_without_an_admin_token(env: Env) {
     s.shutdown().await;
 }
 
+/// The demo incident in the database, the dry run on the page, an apply refused until
+/// the scope is frozen, then applied once with its reason in the audit.
+async fn reconciliation_from_the_console(env: Env) {
+    idem_bench::demo::demo_incident(idem_bench::demo::DemoOptions {
+        database_url: Some(env.url.clone()),
+        pg_schema: env.pg_schema.clone(),
+        time_scale: 0.3,
+        ..Default::default()
+    })
+    .await
+    .expect("demo runs");
+    let s = env.start().await;
+    let (cookie, csrf) = login(&s, "ana").await;
+    let dry = get(&s, "/console/reconcile?tenant=legacy", Some(&cookie)).await;
+    assert_eq!(dry.status, 200, "{}", dry.text);
+    assert_eq!(
+        dry.text.matches("class=\"cluster\"").count(),
+        1,
+        "{}",
+        dry.text
+    );
+    assert!(dry.text.contains("class=\"keeper\">Keeper: <code>ord_"));
+    assert!(dry.text.contains("id=\"freeze-gaps\""));
+    let apply = |reason: &'static str, confirm: bool| {
+        let mut f = vec![("csrf", csrf.clone()), ("tenant", "legacy".to_owned())];
+        f.push(("reason", reason.to_owned()));
+        if confirm {
+            f.push(("confirm", "yes".to_owned()));
+        }
+        f
+    };
+    let post = |f: Vec<(&'static str, String)>| {
+        let pairs: Vec<(&str, &str)> = f.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let body: String = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(pairs)
+            .finish();
+        client()
+            .post(format!("{}/console/reconcile", s.base))
+            .header("cookie", &cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+    };
+    // Without the confirmation nothing runs.
+    let p = page_of(post(apply("night of 20:14", false)).await.unwrap()).await;
+    assert_eq!(p.status, 400);
+    // Not frozen: refused, and said so.
+    let p = page_of(post(apply("night of 20:14", true)).await.unwrap()).await;
+    assert_eq!(p.status, 200);
+    assert!(p.text.contains("Not applied"), "{}", p.text);
+    // Freeze the user's chain from the console, then apply.
+    let csrf_ref: &str = &csrf;
+    let p = post_form(
+        &s,
+        "/console/freezes",
+        Some(&cookie),
+        &[
+            ("csrf", csrf_ref),
+            ("tenant", "legacy"),
+            ("scope_kind", "user"),
+            ("scope_value", "U-7318"),
+            ("what", "payment-confirm"),
+            ("what", "ticketing"),
+            ("what", "inventory-release"),
+            ("reason", "reconcile the night"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(p.status, 303, "{}", p.text);
+    let p = page_of(post(apply("night of 20:14", true)).await.unwrap()).await;
+    assert!(p.text.contains("Applied: "), "{}", p.text);
+    assert!(!p.text.contains("FAILED"), "{}", p.text);
+    let again = get(&s, "/console/reconcile?tenant=legacy", Some(&cookie)).await;
+    assert!(
+        !again.text.contains("Apply the plan"),
+        "nothing left to apply: {}",
+        again.text
+    );
+    let audit = get(&s, "/console/audit", Some(&cookie)).await;
+    assert!(audit.text.contains("reconcile-apply") && audit.text.contains("night of 20:14"));
+    assert!(audit.text.contains("refused: "));
+    s.shutdown().await;
+}
+
+/// Lease names, holders and evidence; a fenced rejection is marked.
+async fn leases_with_their_evidence(env: Env) {
+    use idem_core::{LeaseName, OwnerId};
+    let s = env.start().await;
+    let (cookie, _) = login(&s, "ana").await;
+    let db = s.server.orders().database().clone();
+    let leases = db.lease_store();
+    let name = LeaseName::new(format!("console-test/{}", uuid::Uuid::now_v7().simple())).unwrap();
+    let old = leases
+        .try_acquire(
+            &name,
+            &OwnerId::new("worker-a").unwrap(),
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let new = leases
+        .try_acquire(
+            &name,
+            &OwnerId::new("worker-b").unwrap(),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    db.fenced_probe("console-test-resource", &new)
+        .await
+        .unwrap();
+    assert!(db
+        .fenced_probe("console-test-resource", &old)
+        .await
+        .is_err());
+    let list = get(&s, "/console/leases", Some(&cookie)).await;
+    assert_eq!(list.status, 200);
+    assert!(list.text.contains(name.as_str()), "{}", list.text);
+    assert!(list.text.contains("worker-b"));
+    let path = format!("/console/leases/{}", name.as_str().replace('/', "%2F"));
+    let one = get(&s, &path, Some(&cookie)).await;
+    assert_eq!(one.status, 200, "{}", one.text);
+    assert!(
+        one.text.contains("id=\"lease-holder\">worker-b<"),
+        "{}",
+        one.text
+    );
+    assert!(
+        one.text.contains("<tr class=\"alert\"><td>") && one.text.contains("fenced_write_rejected")
+    );
+    assert!(one.text.contains("70 % of the lease"));
+    s.shutdown().await;
+}
+
+/// A key swept into the archive shows its archive entry; the overview shows the sweep.
+async fn archived_keys_show_their_archive_entry(env: Env) {
+    let s = env.start().await;
+    let (cookie, _) = login(&s, "ana").await;
+    let created = s.create(T1, "arch-1", "U-arch", "S-204", 1).await;
+    assert_eq!(created.status, 201);
+    let order = created.order_id();
+    let db = s.server.orders().database().clone();
+    let day_100 = chrono::Utc::now().timestamp_millis() + 100 * 86_400_000;
+    let report = idem_sweep::Sweeper::new(db.store().retention(), Default::default())
+        .with_lease(db.lease_store(), idem_lease::LeaseMetrics::default())
+        .run(&idem_sweep::SweepOptions {
+            now: Some(day_100),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(report.transitions.values().sum::<u64>() > 0, "{report:?}");
+    let text = key_page_until(&s, &cookie, "/console/keys/t1/arch-1", |t| {
+        t.contains("Archived")
+    })
+    .await;
+    assert!(text.contains("id=\"record-state\">succeeded<"), "{text}");
+    assert!(text.contains(&order), "the result reference: {text}");
+    let overview = get(&s, "/console/", Some(&cookie)).await;
+    assert!(
+        overview.text.contains("id=\"sweeper\">Last run: released"),
+        "{}",
+        overview.text
+    );
+    s.shutdown().await;
+}
+
 on_both_stores!(
+    archived_keys_show_their_archive_entry,
+    reconciliation_from_the_console,
+    leases_with_their_evidence,
     login_and_sessions,
     csrf_and_cross_site_posts,
     eight_duplicates_on_the_timeline,

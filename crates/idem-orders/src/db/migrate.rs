@@ -9,7 +9,8 @@
 //! at once apply each version once.
 //!
 //! Every ledger is append-or-update: rows are never deleted, and nothing in this schema
-//! cascades a delete.
+//! cascades a delete. The console's tables (migration 2) are not ledgers: the arrival
+//! timeline follows its keys' retention and expired sessions are dropped.
 
 use super::{sql, Conn};
 use crate::error::Error;
