@@ -1371,12 +1371,12 @@ async fn with_request_id(response: Response, id: &str) -> Response {
     Response::from_parts(parts, Body::from(body))
 }
 
-/// Reads the whole request body, at most `max_body` bytes and within the body read
-/// timeout, before any route sees it: a client that stalls gets 408 and its connection
-/// closed, having recorded nothing.
 /// The largest body a console form may post.
 const CONSOLE_FORM_LIMIT: usize = 64 * 1024;
 
+/// Reads the whole request body, at most `max_body` bytes and within the body read
+/// timeout, before any route sees it: a client that stalls gets 408 and its connection
+/// closed, having recorded nothing.
 async fn read_body_in_time(
     State(state): State<AppState>,
     request: Request,

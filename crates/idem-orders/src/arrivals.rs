@@ -178,6 +178,12 @@ impl ArrivalLog {
         }
     }
 
+    /// Tells the writer and the retention pass to stop, without waiting (a server
+    /// dropped without a shutdown); the writer still writes what is buffered.
+    pub fn stop(&self) {
+        self.inner.stop.send_replace(true);
+    }
+
     fn wrote(&self, n: usize) {
         self.inner.counters.written.inc_by(n as u64);
     }
@@ -444,7 +450,12 @@ async fn sweep_loop(
             _ = stopped.wait_for(|s| *s) => return,
         }
         let cutoff = now_ms() - i64::try_from(options.keep_at_least.as_millis()).unwrap_or(0);
-        match sweep(&db, records.as_ref(), archive.as_deref(), cutoff).await {
+        // A shutdown does not wait for a pass: the next one takes up the rest.
+        let passed = tokio::select! {
+            passed = sweep(&db, records.as_ref(), archive.as_deref(), cutoff) => passed,
+            _ = stopped.wait_for(|s| *s) => return,
+        };
+        match passed {
             Ok(0) => {}
             Ok(n) => tracing::debug!(
                 keys = n,
@@ -495,8 +506,7 @@ pub async fn sweep(
                 TenantId::new(tenant.clone()),
                 IdempotencyKey::new(key.clone()),
             ) else {
-                delete_key(db, &tenant, &key, cutoff).await?;
-                deleted += 1;
+                deleted += delete_key(db, &tenant, &key, cutoff).await?;
                 continue;
             };
             if records

@@ -619,6 +619,9 @@ impl Drop for Server {
         self.stop.send_replace(true);
         self.refresher.abort();
         self.sampler.abort();
+        if let Some(log) = &self.arrivals {
+            log.stop();
+        }
     }
 }
 
@@ -723,7 +726,13 @@ async fn accept(
         listener,
         &http,
         tls,
-        |_| TowerToHyperService::new(router.clone()),
+        // The peer's address for the console's login throttle.
+        |peer| {
+            TowerToHyperService::new(tower::Layer::layer(
+                &axum::Extension(axum::extract::ConnectInfo(peer)),
+                router.clone(),
+            ))
+        },
         stopped,
     )
     .await

@@ -176,7 +176,9 @@ async fn login_and_sessions(env: Env) {
         "{}",
         audit.text
     );
-    assert!(audit.text.contains("ana") && audit.text.contains("logout"));
+    assert!(audit.text.contains("<td>ana</td>") && audit.text.contains("<td>logout</td>"));
+    // A refused login does not keep what was typed as the name.
+    assert!(!audit.text.contains("mallory"), "{}", audit.text);
     s.shutdown().await;
 }
 
@@ -362,7 +364,7 @@ async fn stored_bodies_and_keys_render_as_text(env: Env) {
     // Search results escape it too.
     let found = get(
         &s,
-        &format!("/console/search?by=key&q={encoded}"),
+        &format!("/console/search?by=key&tenant=t1&q={encoded}"),
         Some(&cookie),
     )
     .await;
@@ -521,8 +523,23 @@ async fn leases_with_their_evidence(env: Env) {
         "{}",
         one.text
     );
+    let fenced = one
+        .text
+        .split("<tr")
+        .find(|row| row.contains("<td>fenced_write_rejected</td>"))
+        .expect("a fenced_write_rejected row");
     assert!(
-        one.text.contains("<tr class=\"alert\"><td>") && one.text.contains("fenced_write_rejected")
+        fenced.starts_with(" class=\"alert\""),
+        "not marked: {fenced}"
+    );
+    let acquired = one
+        .text
+        .split("<tr")
+        .find(|row| row.contains("<td>acquired</td>"))
+        .expect("an acquired row");
+    assert!(
+        !acquired.starts_with(" class=\"alert\""),
+        "marked: {acquired}"
     );
     assert!(one.text.contains("70 % of the lease"));
     s.shutdown().await;
@@ -551,7 +568,12 @@ async fn archived_keys_show_their_archive_entry(env: Env) {
     })
     .await;
     assert!(text.contains("id=\"record-state\">succeeded<"), "{text}");
-    assert!(text.contains(&order), "the result reference: {text}");
+    assert!(
+        text.contains(&format!(
+            "<dt>result reference</dt><dd>/v1/orders/{order}</dd>"
+        )),
+        "the archive's result reference: {text}"
+    );
     let overview = get(&s, "/console/", Some(&cookie)).await;
     assert!(
         overview.text.contains("id=\"sweeper\">Last run: released"),
@@ -561,7 +583,90 @@ async fn archived_keys_show_their_archive_entry(env: Env) {
     s.shutdown().await;
 }
 
+/// The overview lists a record PROCESSING past its lease (by the store's clock).
+async fn overview_lists_processing_past_its_lease(env: Env) {
+    use idem_core::{
+        ClaimRequest, Fingerprint, IdempotencyKey, OwnerId, Principal, Scope, TenantId,
+    };
+    let s = env.start().await;
+    let (cookie, _) = login(&s, "ana").await;
+    let store = s.server.orders().database().idempotency_store();
+    let claimed = store
+        .claim(&ClaimRequest {
+            scope: Scope::new(
+                TenantId::new("t1").unwrap(),
+                IdempotencyKey::new("stuck-1").unwrap(),
+            ),
+            principal: Principal::new("api-key:t1").unwrap(),
+            fingerprint: Fingerprint::of_bytes(b"stuck"),
+            owner: OwnerId::new("crashed-worker").unwrap(),
+            lease: Duration::from_secs(1),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(claimed, idem_core::Claim::Proceed(_)));
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let p = get(&s, "/console/", Some(&cookie)).await;
+    assert_eq!(p.status, 200, "{}", p.text);
+    assert!(
+        p.text
+            .contains("id=\"stale-count\" class=\"bad\">1 record(s)"),
+        "{}",
+        p.text
+    );
+    assert!(p.text.contains("/console/keys/t1/stuck-1"));
+    let key = get(&s, "/console/keys/t1/stuck-1", Some(&cookie)).await;
+    assert!(
+        key.text.contains("id=\"record-state\">processing<"),
+        "{}",
+        key.text
+    );
+    assert!(key.text.contains("crashed-worker") && key.text.contains("no stored result yet"));
+    s.shutdown().await;
+}
+
+/// Failed logins from one address are throttled; cross-site posts by `Sec-Fetch-Site`
+/// are refused; a session opened with a replaced admin token is no session.
+async fn throttle_fetch_metadata_and_rotated_tokens(env: Env) {
+    let s = env.start().await;
+    let (cookie, csrf) = login(&s, "ana").await;
+    let wrong = [("operator", "x"), ("token", "wrong-token-wrong")];
+    for _ in 0..10 {
+        let p = post_form(&s, "/console/login", None, &wrong, None).await;
+        assert_eq!(p.status, 401);
+    }
+    let p = post_form(&s, "/console/login", None, &wrong, None).await;
+    assert_eq!(p.status, 429, "{}", p.text);
+    // The session already open still works.
+    assert_eq!(get(&s, "/console/", Some(&cookie)).await.status, 200);
+    let r = client()
+        .post(format!("{}/console/logout", s.base))
+        .header("cookie", &cookie)
+        .header("sec-fetch-site", "cross-site")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(
+        get(&s, "/console/", Some(&cookie)).await.status,
+        200,
+        "still logged in"
+    );
+    s.shutdown().await;
+    // The same database, a new admin token: the old session is gone.
+    let s = env
+        .start_with(|c| c.admin_token = Some("a-new-admin-token-after-rotation".into()))
+        .await;
+    let p = get(&s, "/console/", Some(&cookie)).await;
+    assert_eq!((p.status, p.location.as_str()), (303, "/console/login"));
+    s.shutdown().await;
+}
+
 on_both_stores!(
+    overview_lists_processing_past_its_lease,
+    throttle_fetch_metadata_and_rotated_tokens,
     archived_keys_show_their_archive_entry,
     reconciliation_from_the_console,
     leases_with_their_evidence,

@@ -16,6 +16,7 @@ mod html;
 mod pages;
 
 use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,8 +49,14 @@ pub(crate) use html::Viewer;
 pub const COOKIE_NAME: &str = "idem_console";
 /// How long a console session lasts after login.
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
-/// Failed logins allowed per minute (for the whole server); more answer 429.
+/// Failed logins allowed per minute from one address; more answer 429 (without looking
+/// at the token) until the minute has passed.
 const LOGIN_FAILURES_PER_MINUTE: usize = 10;
+/// Failed logins allowed per minute from all addresses together (a backstop against
+/// guessing from many addresses).
+const LOGIN_FAILURES_PER_MINUTE_ALL: usize = 200;
+/// Addresses whose failures are remembered; past this, the quiet ones are forgotten.
+const FAILING_ADDRESSES: usize = 10_000;
 /// Longest operator name.
 const MAX_OPERATOR: usize = 64;
 /// Longest reason for an action.
@@ -63,7 +70,20 @@ pub(crate) struct ConsoleState {
     pub(crate) rates: Rates,
     /// The cookie gets `Secure` (the server speaks HTTPS).
     pub(crate) secure_cookie: bool,
-    failures: Mutex<VecDeque<Instant>>,
+    failures: Mutex<Failures>,
+}
+
+/// Failed logins of the last minute, per address and in all.
+#[derive(Default)]
+struct Failures {
+    by_address: std::collections::HashMap<IpAddr, VecDeque<Instant>>,
+    all: VecDeque<Instant>,
+}
+
+fn forget_before(q: &mut VecDeque<Instant>, minute_ago: Instant) {
+    while q.front().is_some_and(|t| *t < minute_ago) {
+        q.pop_front();
+    }
 }
 
 impl ConsoleState {
@@ -80,23 +100,38 @@ impl ConsoleState {
             arrivals,
             rates: Rates::new(metrics),
             secure_cookie,
-            failures: Mutex::new(VecDeque::new()),
+            failures: Mutex::new(Failures::default()),
         }
     }
 
-    /// Counts a failed login; `false` when the minute's allowance is used up.
-    fn login_allowed(&self) -> bool {
+    /// `false` when `from` (or everyone together) used up the minute's failed logins.
+    fn login_allowed(&self, from: Option<IpAddr>) -> bool {
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         let minute_ago = Instant::now() - Duration::from_secs(60);
-        while f.front().is_some_and(|t| *t < minute_ago) {
-            f.pop_front();
+        forget_before(&mut f.all, minute_ago);
+        if f.by_address.len() > FAILING_ADDRESSES {
+            f.by_address.retain(|_, q| {
+                forget_before(q, minute_ago);
+                !q.is_empty()
+            });
         }
-        f.len() < LOGIN_FAILURES_PER_MINUTE
+        let mine = from
+            .and_then(|ip| f.by_address.get_mut(&ip))
+            .map_or(0, |q| {
+                forget_before(q, minute_ago);
+                q.len()
+            });
+        mine < LOGIN_FAILURES_PER_MINUTE && f.all.len() < LOGIN_FAILURES_PER_MINUTE_ALL
     }
 
-    fn login_failed(&self) {
+    /// Counts a failed login from `from`.
+    fn login_failed(&self, from: Option<IpAddr>) {
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        f.push_back(Instant::now());
+        let now = Instant::now();
+        f.all.push_back(now);
+        if let Some(ip) = from {
+            f.by_address.entry(ip).or_default().push_back(now);
+        }
     }
 }
 
@@ -347,6 +382,12 @@ fn digest_hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
 }
 
+/// What a session keeps of the admin token it was opened with: a session opened with a
+/// token that has since been replaced is no session.
+fn token_digest(admin: &str) -> String {
+    digest_hex(&format!("idem-console-session:{admin}"))
+}
+
 fn random_token() -> String {
     format!(
         "{}{}",
@@ -407,9 +448,9 @@ impl FromRequestParts<AppState> for Operator {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-        if state.admin_token.is_none() {
+        let Some(admin) = state.admin_token.as_deref() else {
             return Err(disabled());
-        }
+        };
         let Some(cookie) = session_cookie(&parts.headers) else {
             return Err(redirect("/console/login"));
         };
@@ -420,10 +461,11 @@ impl FromRequestParts<AppState> for Operator {
                 .optional(
                     sql(
                         "SELECT operator, csrf FROM console_sessions WHERE session_hash = $1 \
-                         AND ended_at IS NULL AND expires_at > $2",
+                         AND ended_at IS NULL AND expires_at > $2 AND token_digest = $3",
                     )
                     .bind(hash.clone())
-                    .bind(now_ms()),
+                    .bind(now_ms())
+                    .bind(token_digest(admin)),
                 )
                 .await
         }
@@ -567,7 +609,12 @@ async fn login_page(State(state): State<AppState>) -> Response {
     )
 }
 
-async fn login(State(state): State<AppState>, body: Bytes) -> Response {
+async fn login(
+    State(state): State<AppState>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<SocketAddr>>>,
+    body: Bytes,
+) -> Response {
+    let from = peer.map(|axum::Extension(axum::extract::ConnectInfo(a))| a.ip());
     let Some(expected) = state.admin_token.clone() else {
         return disabled();
     };
@@ -578,7 +625,7 @@ async fn login(State(state): State<AppState>, body: Bytes) -> Response {
             html::page("Log in", None, "", &login_form(Some(message))),
         )
     };
-    if !state.console.login_allowed() {
+    if !state.console.login_allowed(from) {
         return again(
             StatusCode::TOO_MANY_REQUESTS,
             "Too many failed logins in the last minute; wait a minute and try again.",
@@ -596,12 +643,14 @@ async fn login(State(state): State<AppState>, body: Bytes) -> Response {
     }
     let token = form.get("token").unwrap_or("");
     if !idem_http::auth::same_secret(token.as_bytes(), expected.as_bytes()) {
-        state.console.login_failed();
+        state.console.login_failed(from);
+        // Not the typed name: a token pasted into the wrong field must not be kept.
+        let source = from.map_or_else(|| "unknown address".to_owned(), |ip| ip.to_string());
         audit(
             &state,
-            operator,
+            "(refused login)",
             "login",
-            "console",
+            &source,
             None,
             "refused: wrong admin token",
         )
@@ -624,13 +673,14 @@ async fn login(State(state): State<AppState>, body: Bytes) -> Response {
         c.execute(
             sql(
                 "INSERT INTO console_sessions (session_hash, operator, csrf, created_at, \
-                   expires_at) VALUES ($1, $2, $3, $4, $5)",
+                   expires_at, token_digest) VALUES ($1, $2, $3, $4, $5, $6)",
             )
             .bind(digest_hex(&cookie))
             .bind(operator)
             .bind(csrf.clone())
             .bind(now)
-            .bind(now + ttl),
+            .bind(now + ttl)
+            .bind(token_digest(&expected)),
         )
         .await
     }

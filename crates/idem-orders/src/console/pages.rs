@@ -117,14 +117,18 @@ async fn overview_body(state: &AppState) -> Result<String, Error> {
                             | Decision::Replayed
                             | Decision::InProgress
                             | Decision::Mismatch
+                            | Decision::Bypassed
                     )
                 })
                 .map(|d| rate(*d))
                 .sum();
+            let bypassed = rate(Decision::Bypassed);
             let _ = write!(
                 h,
                 "<div class=\"card\"><div>refused (key, auth, size, store)</div><div class=\"n\">{refused:.2}</div></div>\
+                 <div class=\"card{}\"><div>bypassed (store down, fail-open routes)</div><div class=\"n\">{bypassed:.2}</div></div>\
                  <div class=\"card\" id=\"conflict-rate\"><div>duplicate-conflict rate</div><div class=\"n\">{}</div></div></div>",
+                if bypassed > 0.0 { " bad" } else { "" },
                 if keyed > 0.0 { format!("{:.1} %", conflicts / keyed * 100.0) } else { "—".into() }
             );
         }
@@ -172,7 +176,8 @@ async fn overview_body(state: &AppState) -> Result<String, Error> {
         conn.conn()
             .all(
                 sql(
-                    "SELECT tenant_id, key, lease_expires_at, attempts FROM idem_records \
+                    "SELECT tenant_id, key, lease_expires_at, CAST(attempts AS BIGINT) AS attempts \
+                     FROM idem_records \
                      WHERE state = 'PROCESSING' AND lease_expires_at < $1 \
                      ORDER BY lease_expires_at LIMIT 20",
                 )
@@ -365,7 +370,7 @@ async fn key_body(
                 let _ = write!(
                     h,
                     "<h2>Archived</h2><p class=\"note\">Out of the online index: this key is not \
-                     replayed (a new arrival answers 410).</p><dl class=\"facts\">\
+                     replayed; the stored response is gone and only this evidence is kept.</p><dl class=\"facts\">\
                      <dt>state</dt><dd id=\"record-state\">{}</dd><dt>status</dt><dd>{}</dd>\
                      <dt>fingerprint</dt><dd><code>{}</code></dd><dt>result reference</dt><dd>{}</dd>\
                      <dt>first processed</dt><dd>{}</dd><dt>completed</dt><dd>{}</dd>\
@@ -399,7 +404,10 @@ fn record_section(r: &Record) -> String {
         .as_ref()
         .and_then(dropped_response)
         .map(|tier| format!("{} (response dropped; replays are rebuilt)", tier.as_str()))
-        .unwrap_or_else(|| "replay (response kept)".into());
+        .unwrap_or_else(|| match &r.result {
+            Some(_) => "replay (response kept)".into(),
+            None => "— (no stored result yet)".into(),
+        });
     let facts: [(&str, String); 12] = [
         ("version", r.version.to_string()),
         ("attempts", r.attempts.to_string()),
@@ -603,7 +611,7 @@ async fn search_body(state: &AppState, query: &SearchQuery) -> Result<String, Er
     }
     let _ = write!(
         h,
-        "</select></div><div class=\"field\"><label for=\"tenant\">Tenant (optional)</label><input id=\"tenant\" name=\"tenant\" value=\"{}\" maxlength=\"128\"></div>\
+        "</select></div><div class=\"field\"><label for=\"tenant\">Tenant (not needed for an order id)</label><input id=\"tenant\" name=\"tenant\" value=\"{}\" maxlength=\"128\"></div>\
          <button type=\"submit\">Search</button></form>",
         t(tenant)
     );
@@ -611,6 +619,15 @@ async fn search_body(state: &AppState, query: &SearchQuery) -> Result<String, Er
         return Ok(h);
     }
     let tenant_arg = (!tenant.is_empty()).then(|| tenant.to_owned());
+    // Keys, users and shows are indexed per tenant: without one, a search would read
+    // every record or order.
+    if by != "order" && tenant_arg.is_none() {
+        h.push_str(
+            "<p role=\"alert\">Give the tenant: a search by key, user or show reads one \
+             tenant's index.</p>",
+        );
+        return Ok(h);
+    }
     let db = state.orders.database();
     let mut conn = db.acquire().await?;
     let mut c = conn.conn();
@@ -659,17 +676,26 @@ async fn search_body(state: &AppState, query: &SearchQuery) -> Result<String, Er
                 )
                 .await?;
             h.push_str(&orders_table(&orders)?);
-            // Every key whose stored result names this order (create, pay, cancel).
-            let keys = c
-                .all(
-                    sql(
-                        "SELECT tenant_id, key, state, updated_at FROM idem_records \
-                         WHERE result_ref = $1 AND ($2 IS NULL OR tenant_id = $2) ORDER BY created_at LIMIT 100",
+            // Every key whose stored result names this order (create, pay, cancel): the
+            // service's result reference is the order's path. Within the order's tenant;
+            // the column has no index, so this reads that tenant's records.
+            let order_path = format!("/v1/orders/{needle}");
+            let mut keys = Vec::new();
+            for o in &orders {
+                keys.extend(
+                    c.all(
+                        sql(
+                            "SELECT tenant_id, key, state, updated_at FROM idem_records \
+                             WHERE tenant_id = $1 AND (result_ref = $2 OR result_ref = $3) \
+                             ORDER BY created_at LIMIT 20",
+                        )
+                        .bind(o.text("tenant_id")?)
+                        .bind(needle)
+                        .bind(order_path.clone()),
                     )
-                    .bind(needle)
-                    .bind(tenant_arg.clone()),
-                )
-                .await?;
+                    .await?,
+                );
+            }
             let rows = key_rows(&keys, "key", true, "updated_at")?;
             h.push_str("<h3>Keys whose result names this order</h3>");
             h.push_str(&table(
@@ -680,11 +706,18 @@ async fn search_body(state: &AppState, query: &SearchQuery) -> Result<String, Er
             ));
             drop(conn);
             let tenant_id = tenant_arg.as_deref().and_then(|x| TenantId::new(x).ok());
-            let archived = state
+            let mut archived = state
                 .console
                 .archive
                 .archived_by_ref(tenant_id.as_ref(), needle)
                 .await?;
+            archived.extend(
+                state
+                    .console
+                    .archive
+                    .archived_by_ref(tenant_id.as_ref(), &order_path)
+                    .await?,
+            );
             if !archived.is_empty() {
                 let rows: Vec<String> = archived
                     .iter()
@@ -724,7 +757,8 @@ async fn search_body(state: &AppState, query: &SearchQuery) -> Result<String, Er
             h.push_str(&orders_table(&orders)?);
             let _ = write!(
                 h,
-                "<p><a href=\"/console/reconcile?{}={}\">Look for duplicates of this {by}</a></p>",
+                "<p><a href=\"/console/reconcile?tenant={}&amp;{}={}\">Look for duplicates of this {by}</a></p>",
+                q(tenant),
                 by,
                 q(needle)
             );
@@ -1584,45 +1618,72 @@ pub(crate) async fn lease(
 /// One hold of a lease, from its grant to its end (or now).
 struct Hold {
     token: i64,
-    acquired_at: i64,
+    /// The lease's length, from the grant.
     ttl_ms: i64,
-    ended_at: Option<i64>,
-    end: &'static str,
+    /// The last grant or renewal, and the deadline it set.
+    mark: i64,
+    deadline: i64,
+    /// The longest stretch from a grant or renewal to the next renewal or the end: what
+    /// must stay well inside the lease.
+    longest_ms: i64,
+    end: Option<&'static str>,
 }
 
-fn holds(events: &[LeaseEvent]) -> Vec<Hold> {
+impl Hold {
+    fn stretch(&mut self, until: i64) {
+        self.longest_ms = self.longest_ms.max(until - self.mark);
+    }
+}
+
+/// The holds in `events` (oldest first), measured up to `now` for one still open.
+fn holds(events: &[LeaseEvent], now: i64) -> Vec<Hold> {
     let mut out: Vec<Hold> = Vec::new();
     for e in events {
         let token = e.token.map(|t| t.get());
+        let open = out.last_mut().filter(|h| h.end.is_none());
         match e.kind {
             LeaseEventKind::Acquired => {
+                // A grant ends a hold nobody released: it ran out.
+                if let Some(h) = open {
+                    let until = h.deadline.min(e.at);
+                    h.stretch(until);
+                    h.end = Some("expired");
+                }
                 if let (Some(token), Some(a), Some(x)) = (token, e.acquired_at, e.expires_at) {
                     out.push(Hold {
                         token,
-                        acquired_at: a,
                         ttl_ms: (x - a).max(1),
-                        ended_at: None,
-                        end: "held",
+                        mark: a,
+                        deadline: x,
+                        longest_ms: 0,
+                        end: None,
                     });
                 }
             }
+            LeaseEventKind::Renewed => {
+                if let Some(h) = open.filter(|h| Some(h.token) == token) {
+                    h.stretch(e.at);
+                    h.mark = e.at;
+                    h.deadline = e.expires_at.unwrap_or(h.deadline);
+                }
+            }
             LeaseEventKind::Released | LeaseEventKind::Expired | LeaseEventKind::ForceReleased => {
-                if let Some(h) = out
-                    .iter_mut()
-                    .rev()
-                    .find(|h| Some(h.token) == token || (token.is_none() && h.ended_at.is_none()))
-                {
-                    if h.ended_at.is_none() {
-                        h.ended_at = Some(if e.kind == LeaseEventKind::Expired {
-                            e.expires_at.unwrap_or(e.at)
-                        } else {
-                            e.at
-                        });
-                        h.end = e.kind.as_str();
-                    }
+                if let Some(h) = open.filter(|h| token.is_none() || Some(h.token) == token) {
+                    let until = match e.kind {
+                        LeaseEventKind::Expired => h.deadline,
+                        _ => e.at.min(h.deadline),
+                    };
+                    h.stretch(until);
+                    h.end = Some(e.kind.as_str());
                 }
             }
             _ => {}
+        }
+    }
+    if let Some(h) = out.last_mut().filter(|h| h.end.is_none()) {
+        h.stretch(now.min(h.deadline));
+        if now >= h.deadline {
+            h.end = Some("expired");
         }
     }
     out
@@ -1659,23 +1720,24 @@ async fn lease_body(state: &AppState, name: &LeaseName) -> Result<String, Error>
             .map(|t| t.get().to_string())
             .unwrap_or("—".into())
     );
-    let hs = holds(&events);
+    let hs = holds(&events, status.now);
     if !hs.is_empty() {
         let bars: Vec<Bar> = hs
             .iter()
             .map(|x| {
-                let held = x.ended_at.unwrap_or(status.now) - x.acquired_at;
-                let value = held as f64 / x.ttl_ms as f64;
+                let value = x.longest_ms as f64 / x.ttl_ms as f64;
+                let end = x.end.unwrap_or("held now");
                 Bar {
-                    label: format!("token {} ({})", x.token, x.end),
+                    label: format!("token {} ({end})", x.token),
                     value,
-                    alert: value >= HOLD_WARN || x.end != "released",
+                    alert: value >= HOLD_WARN || matches!(end, "expired" | "force_released"),
                 }
             })
             .collect();
         h.push_str("<h2>Hold time against the lease</h2>");
         h.push_str(&html::bar_chart(
-            "Each hold's time as a share of its lease; holds at or past the 70 % line, or not released by their holder, in red",
+            "Each hold's longest stretch between its grant, renewals and release, as a share of \
+             its lease; at or past the 70 % line, or ended by expiry or force, in red",
             HOLD_WARN,
             "70 % of the lease",
             &bars,

@@ -232,14 +232,16 @@ CREATE TABLE arrivals (
     PRIMARY KEY (tenant_id, idem_key, seq)
 );
 
--- Console sessions: the cookie's SHA-256 (never the cookie), its CSRF token and expiry.
+-- Console sessions: the cookie's SHA-256 (never the cookie), its CSRF token, expiry, and
+-- a digest of the admin token it was opened with (a replaced token ends its sessions).
 CREATE TABLE console_sessions (
     session_hash TEXT   PRIMARY KEY,
     operator     TEXT   NOT NULL,
     csrf         TEXT   NOT NULL,
     created_at   BIGINT NOT NULL,
     expires_at   BIGINT NOT NULL,
-    ended_at     BIGINT
+    ended_at     BIGINT,
+    token_digest TEXT   NOT NULL
 );
 
 -- What the console did: who, what, on what, why, and how it went.
