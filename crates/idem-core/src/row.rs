@@ -34,6 +34,14 @@ fn corrupt_lease(what: &str, detail: impl Display) -> LeaseError {
     LeaseError::Backend(format!("corrupt stored lease {what}: {detail}"))
 }
 
+/// Lease names as a store listed them (`LeaseStore::names`).
+pub fn lease_names(names: Vec<String>) -> Result<Vec<LeaseName>, LeaseError> {
+    names
+        .into_iter()
+        .map(|n| LeaseName::new(n).map_err(|e| corrupt_lease("name", e)))
+        .collect()
+}
+
 fn digest<const N: usize>(what: &str, bytes: Vec<u8>) -> Result<[u8; N], StoreError> {
     let len = bytes.len();
     bytes

@@ -676,13 +676,7 @@ async fn list_names(
     .fetch_all(exec)
     .await
     .map_err(lerr("lease names"))?;
-    names
-        .into_iter()
-        .map(|n| {
-            LeaseName::new(n)
-                .map_err(|e| LeaseError::Backend(format!("corrupt stored lease name: {e}")))
-        })
-        .collect()
+    idem_core::row::lease_names(names)
 }
 
 impl PgStore {

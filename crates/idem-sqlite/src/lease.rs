@@ -553,13 +553,7 @@ impl LeaseStore for SqliteStore {
         .fetch_all(&self.pool)
         .await
         .map_err(lerr)?;
-        names
-            .into_iter()
-            .map(|n| {
-                LeaseName::new(n)
-                    .map_err(|e| LeaseError::Backend(format!("corrupt stored lease name: {e}")))
-            })
-            .collect()
+        idem_core::row::lease_names(names)
     }
 
     /// One batch, found by a plain read that scans the log (keyed by name, not time; an
