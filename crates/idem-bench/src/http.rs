@@ -477,7 +477,7 @@ async fn measure(
 /// Slices of one phase as one rate.
 fn merged(name: &str, slices: &[PhaseRate]) -> PhaseRate {
     let ok: u64 = slices.iter().map(|s| s.ok).sum();
-    // Each slice's rate weighs by its own length; equal slices make this the mean.
+    // The mean of the slices' rates: every slice lasts as long.
     let per_second = slices.iter().map(|s| s.per_second).sum::<f64>() / slices.len().max(1) as f64;
     PhaseRate {
         phase: name.to_owned(),

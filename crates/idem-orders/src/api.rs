@@ -1266,21 +1266,28 @@ pub(crate) async fn refresh_state_gauges(
             ))
             .await?
             .int("n")?;
-        let stale = c
-            .one(
-                crate::db::sql(
-                    "SELECT COUNT(*) AS n FROM idem_records \
-                     WHERE state = 'PROCESSING' AND lease_expires_at < $1",
-                )
-                .bind(now),
-            )
-            .await?
-            .int("n")?;
+        let stale = processing_past_lease(&mut c, now).await?;
         (pending, unpublished, stale)
     };
     metrics.observe_state(&freezes, &pending, unpublished);
     metrics.observe_processing_past_lease(stale);
     Ok(())
+}
+
+/// Idempotency records PROCESSING whose claim lease ran out before `now` (store clock).
+pub(crate) async fn processing_past_lease(
+    c: &mut crate::db::Conn<'_>,
+    now: i64,
+) -> Result<i64, Error> {
+    c.one(
+        crate::db::sql(
+            "SELECT COUNT(*) AS n FROM idem_records \
+             WHERE state = 'PROCESSING' AND lease_expires_at < $1",
+        )
+        .bind(now),
+    )
+    .await?
+    .int("n")
 }
 
 /// A freeze changed through this server: the gauges show it at once.
@@ -1390,9 +1397,10 @@ async fn read_body_in_time(
     // needs a tenant key or the admin token — except the console's forms, which carry
     // the admin token (login) or a session, checked by the console before acting.
     let console = parts.uri.path().starts_with("/console/");
-    let refused = match console {
-        true => None,
-        false => state.auth.authenticate(&parts).await.err(),
+    let refused = if console {
+        None
+    } else {
+        state.auth.authenticate(&parts).await.err()
     };
     if let Some(refused) = refused {
         if parts.uri.path().starts_with("/v1/admin/") {

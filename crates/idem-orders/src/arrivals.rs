@@ -28,7 +28,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch, Mutex};
 use tokio::task::JoinHandle;
 
-use crate::db::{sql, Conn, Database};
+use crate::db::{sql, Conn, Database, Sql};
 use crate::error::Error;
 use crate::ledgers::now_ms;
 
@@ -66,7 +66,7 @@ const GLANCE: Duration = Duration::from_millis(100);
 /// Keys looked at per page of a retention pass.
 const SWEEP_PAGE: i64 = 500;
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Counters {
     recorded: Counter,
     dropped: Counter,
@@ -118,12 +118,14 @@ impl ArrivalLog {
             tasks: Mutex::new(Vec::new()),
         });
         let log = Self { inner };
+        // Not the log itself: its sender would keep the buffer open after the last log
+        // is dropped.
         let writer = tokio::spawn(write_loop(
             db.clone(),
             rx,
             options.clone(),
             stopped.clone(),
-            log.clone(),
+            log.inner.counters.clone(),
         ));
         let sweeper = tokio::spawn(sweep_loop(db, records, archive, options, stopped));
         log.inner
@@ -171,7 +173,7 @@ impl ArrivalLog {
 
     /// Writes what is buffered and stops the writer and the retention pass.
     pub async fn close(&self) {
-        self.inner.stop.send_replace(true);
+        self.stop();
         let tasks = std::mem::take(&mut *self.inner.tasks.lock().await);
         for task in tasks {
             let _ = task.await;
@@ -183,14 +185,6 @@ impl ArrivalLog {
     pub fn stop(&self) {
         self.inner.stop.send_replace(true);
     }
-
-    fn wrote(&self, n: usize) {
-        self.inner.counters.written.inc_by(n as u64);
-    }
-
-    fn failed(&self) {
-        self.inner.counters.write_failures.inc();
-    }
 }
 
 async fn write_loop(
@@ -198,7 +192,7 @@ async fn write_loop(
     mut rx: mpsc::Receiver<Arrival>,
     options: ArrivalOptions,
     mut stopped: watch::Receiver<bool>,
-    log: ArrivalLog,
+    counters: Counters,
 ) {
     let mut batch = Vec::new();
     loop {
@@ -238,9 +232,11 @@ async fn write_loop(
             }
             let n = batch.len();
             match write_batch(&db, &batch, options.per_key).await {
-                Ok(()) => log.wrote(n),
+                Ok(()) => {
+                    counters.written.inc_by(n as u64);
+                }
                 Err(e) => {
-                    log.failed();
+                    counters.write_failures.inc();
                     tracing::warn!(error = %e, arrivals = n, "could not write the arrival timeline");
                 }
             }
@@ -254,9 +250,6 @@ async fn write_loop(
         }
     }
 }
-
-/// A key and its arrivals, as the batch's map yields them.
-type KeyEntry<'m, 'a> = (&'m (&'a str, &'a str), &'m KeyBatch<'a>);
 
 /// One key's arrivals of a batch.
 #[derive(Default)]
@@ -275,42 +268,66 @@ fn slot(decision: ArrivalDecision) -> usize {
     }
 }
 
-/// Arrival rows per multi-row insert (8 parameters each: well within both databases'
-/// limits).
+/// Rows per multi-row statement (at most 10 parameters each: well within both
+/// databases' limits).
 const ROWS_PER_INSERT: usize = 32;
 
-/// `INSERT INTO arrivals … VALUES (…), (…) …` for [`ROWS_PER_INSERT`] rows, made once.
-fn insert_many() -> &'static str {
-    static TEXT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-    TEXT.get_or_init(|| {
-        let values: Vec<String> = (0..ROWS_PER_INSERT)
+/// A multi-row statement: `head VALUES (…), (…) tail`, with `columns` parameters a row.
+struct MultiRow {
+    head: &'static str,
+    columns: usize,
+    tail: &'static str,
+    /// Its text for one row and for [`ROWS_PER_INSERT`] rows, made once.
+    texts: &'static std::sync::OnceLock<[&'static str; 2]>,
+}
+
+impl MultiRow {
+    fn text(&self, rows: usize) -> String {
+        let values: Vec<String> = (0..rows)
             .map(|r| {
-                let p: Vec<String> = (1..=8).map(|c| format!("${}", r * 8 + c)).collect();
+                let p: Vec<String> = (1..=self.columns)
+                    .map(|c| format!("${}", r * self.columns + c))
+                    .collect();
                 format!("({})", p.join(", "))
             })
             .collect();
-        let text = format!(
-            "INSERT INTO arrivals (tenant_id, idem_key, seq, at, decision, status, elapsed_ms, \
-             principal) VALUES {} ON CONFLICT DO NOTHING",
-            values.join(", ")
-        );
+        format!("{} VALUES {} {}", self.head, values.join(", "), self.tail)
+    }
+
+    fn texts(&self) -> [&'static str; 2] {
         // Built once per process; statements take static text.
-        Box::leak(text.into_boxed_str())
-    })
+        *self.texts.get_or_init(|| {
+            [1, ROWS_PER_INSERT].map(|n| &*Box::leak(self.text(n).into_boxed_str()))
+        })
+    }
+
+    /// Runs the statement over `items`, [`ROWS_PER_INSERT`] at a time (a key's first batch
+    /// can hold thousands of rows; one round trip each would stall the writer), the rest
+    /// one by one. Returns the rows the statements answered.
+    async fn run<T>(
+        &self,
+        c: &mut Conn<'_>,
+        items: &[T],
+        bind: impl Fn(Sql, &T) -> Sql,
+    ) -> Result<Vec<crate::db::Row>, Error> {
+        let [one, many] = self.texts();
+        let chunks = items.chunks_exact(ROWS_PER_INSERT);
+        let rest = chunks.remainder().chunks(1);
+        let mut answered = Vec::new();
+        for (text, group) in chunks.map(|g| (many, g)).chain(rest.map(|g| (one, g))) {
+            let q = group.iter().fold(sql(text), &bind);
+            answered.extend(c.all(q).await?);
+        }
+        Ok(answered)
+    }
 }
 
-/// The counts upsert for `keys` rows.
-fn upsert_text(keys: usize) -> String {
-    let values: Vec<String> = (0..keys)
-        .map(|r| {
-            let p: Vec<String> = (1..=10).map(|c| format!("${}", r * 10 + c)).collect();
-            format!("({})", p.join(", "))
-        })
-        .collect();
-    format!(
-        "INSERT INTO arrival_keys (tenant_id, idem_key, first_at, last_at, executed, replayed, \
-           in_progress, mismatch, refused, total) VALUES {} \
-         ON CONFLICT (tenant_id, idem_key) DO UPDATE SET \
+/// The counts per key, answering each key's new total.
+const COUNTS: MultiRow = MultiRow {
+    head: "INSERT INTO arrival_keys (tenant_id, idem_key, first_at, last_at, executed, \
+           replayed, in_progress, mismatch, refused, total)",
+    columns: 10,
+    tail: "ON CONFLICT (tenant_id, idem_key) DO UPDATE SET \
            first_at = CASE WHEN excluded.first_at < arrival_keys.first_at \
              THEN excluded.first_at ELSE arrival_keys.first_at END, \
            last_at = CASE WHEN excluded.last_at > arrival_keys.last_at \
@@ -322,47 +339,19 @@ fn upsert_text(keys: usize) -> String {
            refused = arrival_keys.refused + excluded.refused, \
            total = arrival_keys.total + excluded.total \
          RETURNING tenant_id, idem_key, total",
-        values.join(", ")
-    )
-}
+    texts: &COUNTS_TEXTS,
+};
+static COUNTS_TEXTS: std::sync::OnceLock<[&'static str; 2]> = std::sync::OnceLock::new();
 
-/// [`upsert_text`] for one and for [`ROWS_PER_INSERT`] keys, made once.
-fn upsert_one() -> &'static str {
-    static TEXT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-    TEXT.get_or_init(|| Box::leak(upsert_text(1).into_boxed_str()))
-}
-
-fn upsert_many() -> &'static str {
-    static TEXT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
-    TEXT.get_or_init(|| Box::leak(upsert_text(ROWS_PER_INSERT).into_boxed_str()))
-}
-
-fn bind_counts(q: crate::db::Sql, tenant: &str, key: &str, kb: &KeyBatch<'_>) -> crate::db::Sql {
-    let first = kb.arrivals.iter().map(|a| a.at).min().unwrap_or_default();
-    let last = kb.arrivals.iter().map(|a| a.at).max().unwrap_or_default();
-    let mut q = q.bind(tenant).bind(key).bind(first).bind(last);
-    for n in kb.counts {
-        q = q.bind(n);
-    }
-    q.bind(kb.arrivals.len() as i64)
-}
-
-fn bind_arrival(
-    q: crate::db::Sql,
-    tenant: &str,
-    key: &str,
-    seq: i64,
-    a: &Arrival,
-) -> crate::db::Sql {
-    q.bind(tenant)
-        .bind(key)
-        .bind(seq)
-        .bind(a.at)
-        .bind(a.decision.as_str())
-        .bind(i64::from(a.status))
-        .bind(i64::from(a.elapsed_ms))
-        .bind(a.principal.as_str())
-}
+/// One arrival each.
+const ROWS: MultiRow = MultiRow {
+    head: "INSERT INTO arrivals (tenant_id, idem_key, seq, at, decision, status, elapsed_ms, \
+           principal)",
+    columns: 8,
+    tail: "ON CONFLICT DO NOTHING",
+    texts: &ROWS_TEXTS,
+};
+static ROWS_TEXTS: std::sync::OnceLock<[&'static str; 2]> = std::sync::OnceLock::new();
 
 async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result<(), Error> {
     let mut by_key: BTreeMap<(&str, &str), KeyBatch<'_>> = BTreeMap::new();
@@ -374,32 +363,29 @@ async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result
         entry.arrivals.push(a);
     }
     let per_key = i64::try_from(per_key).unwrap_or(i64::MAX);
-    let mut rows: Vec<(&str, &str, i64, &Arrival)> = Vec::new();
     let mut tx = db.begin().await?;
     let mut c = tx.conn();
-    // Counts first, `ROWS_PER_INSERT` keys per upsert; each answers its new totals.
-    let keys: Vec<KeyEntry<'_, '_>> = by_key.iter().collect();
+    // Counts first; their totals say which of a key's arrivals are among its first.
+    let keys: Vec<(&(&str, &str), &KeyBatch<'_>)> = by_key.iter().collect();
+    let answered = COUNTS
+        .run(&mut c, &keys, |q, ((tenant, key), kb)| {
+            let first = kb.arrivals.iter().map(|a| a.at).min().unwrap_or_default();
+            let last = kb.arrivals.iter().map(|a| a.at).max().unwrap_or_default();
+            let q = q.bind(*tenant).bind(*key).bind(first).bind(last);
+            kb.counts
+                .iter()
+                .fold(q, |q, n| q.bind(*n))
+                .bind(kb.arrivals.len() as i64)
+        })
+        .await?;
     let mut totals: BTreeMap<(String, String), i64> = BTreeMap::new();
-    let mut chunks = keys.chunks_exact(ROWS_PER_INSERT);
-    let mut statements: Vec<(&'static str, &[KeyEntry<'_, '_>])> = Vec::new();
-    for chunk in &mut chunks {
-        statements.push((upsert_many(), chunk));
+    for row in answered {
+        totals.insert(
+            (row.text("tenant_id")?, row.text("idem_key")?),
+            row.int("total")?,
+        );
     }
-    for one in chunks.remainder().chunks(1) {
-        statements.push((upsert_one(), one));
-    }
-    for (text, group) in statements {
-        let mut q = sql(text);
-        for ((tenant, key), kb) in group {
-            q = bind_counts(q, tenant, key, kb);
-        }
-        for row in c.all(q).await? {
-            totals.insert(
-                (row.text("tenant_id")?, row.text("idem_key")?),
-                row.int("total")?,
-            );
-        }
-    }
+    let mut rows: Vec<(&str, &str, i64, &Arrival)> = Vec::new();
     for ((tenant, key), kb) in &by_key {
         let n = kb.arrivals.len() as i64;
         let total = *totals
@@ -414,24 +400,17 @@ async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result
             rows.push((tenant, key, seq, *a));
         }
     }
-    // The rows in statements of `ROWS_PER_INSERT` (a key's first batch can hold
-    // thousands; one round trip each would stall the writer), the rest one by one.
-    let mut chunks = rows.chunks_exact(ROWS_PER_INSERT);
-    for chunk in &mut chunks {
-        let mut q = sql(insert_many());
-        for (tenant, key, seq, a) in chunk {
-            q = bind_arrival(q, tenant, key, *seq, a);
-        }
-        c.execute(q).await?;
-    }
-    for (tenant, key, seq, a) in chunks.remainder() {
-        let q = sql(
-            "INSERT INTO arrivals (tenant_id, idem_key, seq, at, decision, status, \
-               elapsed_ms, principal) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT DO NOTHING",
-        );
-        c.execute(bind_arrival(q, tenant, key, *seq, a)).await?;
-    }
+    ROWS.run(&mut c, &rows, |q, (tenant, key, seq, a)| {
+        q.bind(*tenant)
+            .bind(*key)
+            .bind(*seq)
+            .bind(a.at)
+            .bind(a.decision.as_str())
+            .bind(i64::from(a.status))
+            .bind(i64::from(a.elapsed_ms))
+            .bind(a.principal.as_str())
+    })
+    .await?;
     tx.commit().await
 }
 

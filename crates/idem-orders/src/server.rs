@@ -331,7 +331,7 @@ pub struct App {
     options: ServiceOptions,
     draining: Arc<std::sync::atomic::AtomicBool>,
     arrivals: Option<ArrivalLog>,
-    sampler_state: AppState,
+    console: Arc<ConsoleState>,
 }
 
 /// The idempotency layer's configuration for this service.
@@ -470,13 +470,13 @@ impl App {
             log.register(&mut registry);
             layer = layer.with_arrivals(Arc::new(log.clone()));
         }
-        let console = ConsoleState::new(
+        let console = Arc::new(ConsoleState::new(
             database.lease_store(),
             database.store().archive(),
             arrivals.clone(),
             idem_metrics,
             config.tls.is_some(),
-        );
+        ));
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let state = AppState {
             orders: orders.clone(),
@@ -489,9 +489,8 @@ impl App {
             body_read_timeout: config.options.timeouts.body_read,
             max_body,
             draining: draining.clone(),
-            console: Arc::new(console),
+            console: console.clone(),
         };
-        let sampler_state = state.clone();
         let metrics_router = api::metrics_router(state.clone());
         let router = api::router(state, layer.clone(), config.options.legacy_route);
         Ok(App {
@@ -509,7 +508,7 @@ impl App {
             options: config.options.clone(),
             draining,
             arrivals,
-            sampler_state,
+            console,
         })
     }
 }
@@ -664,7 +663,7 @@ pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
         app.options.metrics_refresh,
     ));
 
-    let sampler = tokio::spawn(crate::console::sample_rates(app.sampler_state.clone()));
+    let sampler = tokio::spawn(crate::console::sample_rates(app.console.clone()));
     let chain_handle = app.run_chain.then(|| app.chain.clone().spawn());
     let (stop, stopped) = watch::channel(false);
     let timeouts = app.options.timeouts;

@@ -190,12 +190,12 @@ impl Rates {
 }
 
 /// Samples the rates until dropped (aborted).
-pub(crate) async fn sample_rates(state: AppState) {
+pub(crate) async fn sample_rates(console: Arc<ConsoleState>) {
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        state.console.rates.sample();
+        console.rates.sample();
     }
 }
 

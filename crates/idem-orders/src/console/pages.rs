@@ -50,18 +50,17 @@ fn shown(op: &Operator, title: &str, current: &str, body: Result<String, Error>)
 // ---------------------------------------------------------------------------------------
 // Overview
 
-/// Decisions that say something about a key (the others are refusals before one).
-const KEYED: [Decision; 9] = [
-    Decision::Executed,
-    Decision::Replayed,
-    Decision::InProgress,
-    Decision::Mismatch,
-    Decision::UnreadableBody,
-    Decision::Unavailable,
-    Decision::Bypassed,
-    Decision::StoreError,
-    Decision::KeyExpired,
-];
+/// Whether a decision counts in the duplicate-conflict rate's denominator: everything
+/// but the refusals before a key is read (as the alert rule in `idem_http::metrics`).
+fn keyed(d: Decision) -> bool {
+    !matches!(
+        d,
+        Decision::MissingKey
+            | Decision::InvalidKey
+            | Decision::Unauthenticated
+            | Decision::TooLarge
+    )
+}
 
 fn index_of(d: Decision) -> usize {
     Decision::ALL.iter().position(|x| *x == d).unwrap_or(0)
@@ -88,7 +87,11 @@ async fn overview_body(state: &AppState) -> Result<String, Error> {
             let secs = now.at.duration_since(b.at).as_secs_f64();
             let rate =
                 |d: Decision| (now.counts[index_of(d)] - b.counts[index_of(d)]) as f64 / secs;
-            let keyed: f64 = KEYED.iter().map(|d| rate(*d)).sum();
+            let keyed_rate: f64 = Decision::ALL
+                .iter()
+                .filter(|d| keyed(**d))
+                .map(|d| rate(*d))
+                .sum();
             let conflicts =
                 rate(Decision::Replayed) + rate(Decision::InProgress) + rate(Decision::Mismatch);
             let _ = write!(
@@ -129,7 +132,7 @@ async fn overview_body(state: &AppState) -> Result<String, Error> {
                  <div class=\"card{}\"><div>bypassed (store down, fail-open routes)</div><div class=\"n\">{bypassed:.2}</div></div>\
                  <div class=\"card\" id=\"conflict-rate\"><div>duplicate-conflict rate</div><div class=\"n\">{}</div></div></div>",
                 if bypassed > 0.0 { " bad" } else { "" },
-                if keyed > 0.0 { format!("{:.1} %", conflicts / keyed * 100.0) } else { "—".into() }
+                if keyed_rate > 0.0 { format!("{:.1} %", conflicts / keyed_rate * 100.0) } else { "—".into() }
             );
         }
         _ => h.push_str(
@@ -171,9 +174,10 @@ async fn overview_body(state: &AppState) -> Result<String, Error> {
 
     // PROCESSING records past their lease, by the store clock.
     let store_now = db.store().retention().now().await?;
-    let stale = {
+    let (stale, stale_count) = {
         let mut conn = db.acquire().await?;
-        conn.conn()
+        let mut c = conn.conn();
+        let stale = c
             .all(
                 sql(
                     "SELECT tenant_id, key, lease_expires_at, CAST(attempts AS BIGINT) AS attempts \
@@ -183,18 +187,11 @@ async fn overview_body(state: &AppState) -> Result<String, Error> {
                 )
                 .bind(store_now),
             )
-            .await?
-    };
-    let stale_count = {
-        let mut conn = db.acquire().await?;
-        conn.conn()
-            .one(
-                sql("SELECT COUNT(*) AS n FROM idem_records \
-                     WHERE state = 'PROCESSING' AND lease_expires_at < $1")
-                .bind(store_now),
-            )
-            .await?
-            .int("n")?
+            .await?;
+        (
+            stale,
+            crate::api::processing_past_lease(&mut c, store_now).await?,
+        )
     };
     let _ = write!(
         h,
