@@ -428,6 +428,45 @@ pub async fn terminal_failure_replays(h: &dyn Harness) {
     }
 }
 
+/// An abandoned claim leaves the key free and holds no result; a stale token cannot
+/// abandon the claim that took the key over.
+pub async fn abandoned_claim_frees_the_key(h: &dyn Harness) {
+    let store = h.open().await;
+    let t = fresh_tenant();
+    let req = request(&t, "abandoned", "p", "a");
+    let tok = expect_proceed(store.claim(&req).await.unwrap());
+    store.abandon(&tok).await.unwrap();
+    match store.get(&req.scope).await.unwrap() {
+        None => {}
+        Some(r) => {
+            assert_eq!(r.state, RecordState::FailedRetryable);
+            assert_eq!(r.result, None);
+        }
+    }
+    // The same token again, or after another claim took the key: superseded, and the
+    // new claim is untouched.
+    assert!(store.abandon(&tok).await.unwrap_err().is_superseded());
+    let next = expect_proceed(
+        store
+            .claim(&request(&t, "abandoned", "p", "b"))
+            .await
+            .unwrap(),
+    );
+    assert!(store.abandon(&tok).await.unwrap_err().is_superseded());
+    let held = store.get(&req.scope).await.unwrap().unwrap();
+    assert_eq!(held.state, RecordState::Processing);
+    assert_eq!(held.version, next.version);
+    store.complete(&next, result("after")).await.unwrap();
+    match store
+        .claim(&request(&t, "abandoned", "p", "c"))
+        .await
+        .unwrap()
+    {
+        Claim::Replay(r) => assert_eq!(r.result, Some(result("after"))),
+        other => panic!("expected replay, got {other:?}"),
+    }
+}
+
 /// Every state survives closing and reopening the store.
 pub async fn survives_reopen(h: &dyn Harness) {
     let t = fresh_tenant();
@@ -510,6 +549,7 @@ macro_rules! store_tests {
         $crate::store_tests!(@one $open, extend_lease_keeps_ownership, |h| $crate::extend_lease_keeps_ownership(h));
         $crate::store_tests!(@one $open, retryable_failure_one_winner_16, |h| $crate::retryable_failure_one_winner(h, 16));
         $crate::store_tests!(@one $open, terminal_failure_replays, |h| $crate::terminal_failure_replays(h));
+        $crate::store_tests!(@one $open, abandoned_claim_frees_the_key, |h| $crate::abandoned_claim_frees_the_key(h));
         $crate::store_tests!(@one $open, survives_reopen, |h| $crate::survives_reopen(h));
         $crate::store_tests!(@one $open, bad_input_writes_nothing, |h| $crate::bad_input_writes_nothing(h));
     };

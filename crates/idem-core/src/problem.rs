@@ -67,12 +67,15 @@ pub enum ProblemKind {
     /// 400 (gateway): the request's `Connection` names a header that must be forwarded
     /// (the key, a credential): dropping it as hop-by-hop would change what is executed.
     ConnectionNamesEndToEnd,
+    /// 429 (gateway): this caller's share of the window, or its keys in progress, is
+    /// used up; other callers are still served. Retry after `Retry-After`.
+    CallerQuotaExceeded,
 }
 
 impl ProblemKind {
     /// Every case: the layer's, then the gateway's.
-    pub const ALL: [ProblemKind; 20] = {
-        let mut all = [ProblemKind::MissingKey; 20];
+    pub const ALL: [ProblemKind; 21] = {
+        let mut all = [ProblemKind::MissingKey; 21];
         let mut i = 0;
         while i < Self::LAYER.len() {
             all[i] = Self::LAYER[i];
@@ -104,7 +107,7 @@ impl ProblemKind {
     ];
 
     /// The cases only a proxy answers with.
-    pub const GATEWAY: [ProblemKind; 7] = [
+    pub const GATEWAY: [ProblemKind; 8] = [
         ProblemKind::UpstreamUnavailable,
         ProblemKind::UpstreamTimeout,
         ProblemKind::UpstreamResultUnknown,
@@ -112,6 +115,7 @@ impl ProblemKind {
         ProblemKind::RequestTimeout,
         ProblemKind::NotFound,
         ProblemKind::ConnectionNamesEndToEnd,
+        ProblemKind::CallerQuotaExceeded,
     ];
 
     /// The last segment of the `type` URI.
@@ -137,6 +141,7 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => "request-timeout",
             ProblemKind::NotFound => "not-found",
             ProblemKind::ConnectionNamesEndToEnd => "connection-names-end-to-end-header",
+            ProblemKind::CallerQuotaExceeded => "caller-quota-exceeded",
         }
     }
 
@@ -167,6 +172,7 @@ impl ProblemKind {
             }
             ProblemKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ProblemKind::NotFound => StatusCode::NOT_FOUND,
+            ProblemKind::CallerQuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -194,6 +200,7 @@ impl ProblemKind {
             ProblemKind::RequestTimeout => "The request body was not received in time",
             ProblemKind::NotFound => "Not found",
             ProblemKind::ConnectionNamesEndToEnd => "Connection names an end-to-end header",
+            ProblemKind::CallerQuotaExceeded => "This caller's share of the gateway is used up",
         }
     }
 }

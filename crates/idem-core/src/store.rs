@@ -320,6 +320,16 @@ pub enum StoreError {
     /// The store could not be reached or timed out. Callers fail closed.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A bounded store holds as much as it may, overall or for this caller's partition:
+    /// new keys are refused (existing ones still replay and finish) until records
+    /// expire, the first of them in about `retry_after_ms`.
+    #[error("{what}: new keys are refused until records expire")]
+    Full {
+        what: String,
+        /// Only this caller's share is used up; other callers are still admitted.
+        partition: bool,
+        retry_after_ms: u64,
+    },
     #[error("store error: {0}")]
     Backend(String),
 }
@@ -332,7 +342,7 @@ impl StoreError {
             }
             StoreError::Superseded { .. } => ErrorKind::Conflict,
             StoreError::NotFound(_) => ErrorKind::NotFound,
-            StoreError::Unavailable(_) => ErrorKind::Unavailable,
+            StoreError::Unavailable(_) | StoreError::Full { .. } => ErrorKind::Unavailable,
             StoreError::Backend(_) => ErrorKind::Backend,
         }
     }
@@ -408,6 +418,23 @@ pub trait IdempotencyStore: Send + Sync + 'static {
             },
         )
         .await
+    }
+
+    /// Withdraws a claim whose execution said nothing about the intent (the caller
+    /// could not authenticate): the key is as if never claimed. Compare-and-set on
+    /// version and owner, like [`IdempotencyStore::finish`]. Stores that keep every
+    /// claim end it FAILED_RETRYABLE without a result (the default), which a retry also
+    /// takes over at once; bounded stores remove the record so it costs no room.
+    async fn abandon(&self, token: &ClaimToken) -> Result<(), StoreError> {
+        self.finish(
+            token,
+            Finish {
+                state: RecordState::FailedRetryable,
+                result: None,
+            },
+        )
+        .await
+        .map(|_| ())
     }
 
     /// FAILED_TERMINAL (stored, replayed) or FAILED_RETRYABLE (open for a retry).

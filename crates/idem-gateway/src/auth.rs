@@ -69,10 +69,15 @@ impl Part {
         }
     }
 
-    /// The values this part finds in the request.
+    /// The values this part finds in the request; blank ones are no credential.
     fn values<'a>(&self, headers: &'a HeaderMap) -> Vec<&'a [u8]> {
         match self {
-            Part::Header(name) => headers.get_all(name).iter().map(|v| v.as_bytes()).collect(),
+            Part::Header(name) => headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.as_bytes())
+                .filter(|v| !blank(v, has_scheme(name)))
+                .collect(),
             Part::Cookie(wanted) => headers
                 .get_all(http::header::COOKIE)
                 .iter()
@@ -82,8 +87,15 @@ impl Part {
                     let eq = pair.iter().position(|b| *b == b'=')?;
                     (&pair[..eq] == wanted.as_bytes()).then(|| &pair[eq + 1..])
                 })
+                .filter(|v| !blank(v, false))
                 .collect(),
         }
+    }
+
+    /// Whether this part reads the whole of `name` (a `cookie:NAME` part reads only
+    /// one cookie of `Cookie`).
+    fn covers(&self, name: &HeaderName) -> bool {
+        matches!(self, Part::Header(h) if h == name)
     }
 
     fn label(&self) -> String {
@@ -92,6 +104,63 @@ impl Part {
             Part::Cookie(c) => format!("cookie:{c}"),
         }
     }
+}
+
+/// Whether a credential value carries nothing: empty, blank, or (in an
+/// `Authorization`-style header, `scheme`) an authentication scheme without its
+/// credentials (`Bearer`, `Basic `). Such a value names no caller, so it must not make
+/// a partition every such caller shares.
+fn blank(value: &[u8], scheme: bool) -> bool {
+    let v = value.trim_ascii();
+    v.is_empty()
+        || scheme
+            && [
+                &b"bearer"[..],
+                b"basic",
+                b"token",
+                b"digest",
+                b"negotiate",
+                b"apikey",
+            ]
+            .iter()
+            .any(|s| v.eq_ignore_ascii_case(s))
+}
+
+/// Headers whose value starts with an authentication scheme.
+fn has_scheme(name: &HeaderName) -> bool {
+    *name == AUTHORIZATION || *name == http::header::PROXY_AUTHORIZATION
+}
+
+/// The headers that make a caller's identity without API keys, and the headers the
+/// upstream authenticates by that a configured list leaves out (to warn about).
+fn identity_parts(config: &AuthConfig) -> Result<(Vec<Part>, Vec<String>), GatewayError> {
+    let upstream: Vec<HeaderName> = config
+        .upstream_credential_headers
+        .iter()
+        .map(|h| header_name(h))
+        .collect::<Result<_, _>>()?;
+    let Some(list) = &config.credential_headers else {
+        let mut parts = vec![
+            Part::Header(AUTHORIZATION),
+            Part::Header(http::header::COOKIE),
+        ];
+        for h in std::iter::once(header_name(&config.header)?).chain(upstream) {
+            if !parts.iter().any(|p| p.covers(&h)) {
+                parts.push(Part::Header(h));
+            }
+        }
+        return Ok((parts, Vec::new()));
+    };
+    let parts: Vec<Part> = list
+        .iter()
+        .map(|h| Part::parse(h))
+        .collect::<Result<_, _>>()?;
+    let ignored = upstream
+        .into_iter()
+        .filter(|h| !parts.iter().any(|p| p.covers(h)))
+        .map(|h| h.as_str().to_string())
+        .collect();
+    Ok((parts, ignored))
 }
 
 /// Without API keys: callers told apart by their credential headers.
@@ -148,6 +217,8 @@ pub struct ApiKeys {
     pub require_on_passthrough: bool,
     anonymous: Option<Identity>,
     credentials: Option<Credentials>,
+    /// Headers the upstream authenticates by that the configured identity leaves out.
+    ignored: Vec<String>,
 }
 
 /// A configured header name (any case), or a configuration error naming it.
@@ -161,7 +232,10 @@ pub(crate) fn header_name(s: &str) -> Result<HeaderName, GatewayError> {
 fn principal_secret(config: &AuthConfig, shared_window: bool) -> Result<Vec<u8>, GatewayError> {
     let given = match (&config.principal_secret, &config.principal_secret_file) {
         (Some(s), _) => Some(s.clone()),
-        (None, Some(path)) => Some(
+        (None, Some(path)) => Some({
+            if crate::config::readable_by_others(path) {
+                tracing::warn!(file = %path.display(), "auth.principal_secret_file is readable by other users; chmod 600 it");
+            }
             std::fs::read_to_string(path)
                 .map_err(|e| {
                     GatewayError::Config(format!(
@@ -170,8 +244,8 @@ fn principal_secret(config: &AuthConfig, shared_window: bool) -> Result<Vec<u8>,
                     ))
                 })?
                 .trim_end_matches(['\r', '\n'])
-                .to_string(),
-        ),
+                .to_string()
+        }),
         (None, None) => std::env::var(PRINCIPAL_SECRET_ENV).ok(),
     };
     match given {
@@ -201,13 +275,12 @@ impl ApiKeys {
     /// random principal secret would not do.
     pub fn new(config: &AuthConfig, shared_window: bool) -> Result<Self, GatewayError> {
         let header = header_name(&config.header)?;
+        let mut ignored = Vec::new();
         let credentials = if config.api_keys.is_empty() {
+            let (parts, left_out) = identity_parts(config)?;
+            ignored = left_out;
             Some(Credentials {
-                parts: config
-                    .credential_headers
-                    .iter()
-                    .map(|h| Part::parse(h))
-                    .collect::<Result<_, _>>()?,
+                parts,
                 secret: principal_secret(config, shared_window)?,
                 tenant: TenantId::new(DEFAULT_TENANT).expect("valid tenant"),
             })
@@ -238,7 +311,15 @@ impl ApiKeys {
                 principal: Principal::new(ANONYMOUS).expect("valid principal"),
             }),
             credentials,
+            ignored,
         })
+    }
+
+    /// Headers the upstream authenticates callers by that the configured caller
+    /// identity (`auth.credential_headers`) leaves out: two callers differing only in
+    /// one of them share stored results. Start-up warns about each.
+    pub fn ignored_upstream_credentials(&self) -> &[String] {
+        &self.ignored
     }
 
     /// The identity of callers without any credential, if anonymous access is
@@ -263,6 +344,9 @@ impl ApiKeys {
         };
         if values.next().is_some() {
             return Caller::Unknown;
+        }
+        if blank(value.as_bytes(), self.bearer) {
+            return Caller::Anonymous;
         }
         let Ok(text) = value.to_str() else {
             return Caller::Unknown;
@@ -481,7 +565,7 @@ mod tests {
     fn a_named_cookie_is_the_credential() {
         let c = AuthConfig {
             principal_secret: Some("0123456789abcdef-secret".into()),
-            credential_headers: vec!["authorization".into(), "cookie:sid".into()],
+            credential_headers: Some(vec!["authorization".into(), "cookie:sid".into()]),
             ..AuthConfig::default()
         };
         let t = ApiKeys::new(&c, true).unwrap();
@@ -502,11 +586,70 @@ mod tests {
         );
         for bad in ["cookie:", "cookie:a=b", "bad header"] {
             let c = AuthConfig {
-                credential_headers: vec![bad.into()],
+                credential_headers: Some(vec![bad.into()]),
                 ..AuthConfig::default()
             };
             assert!(ApiKeys::new(&c, false).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn blank_credentials_are_absent() {
+        let c = AuthConfig {
+            principal_secret: Some("0123456789abcdef-secret".into()),
+            ..AuthConfig::default()
+        };
+        let t = ApiKeys::new(&c, true).unwrap();
+        for blank in [
+            vec![("authorization", "")],
+            vec![("authorization", "   ")],
+            vec![("authorization", "Bearer")],
+            vec![("authorization", "Bearer "), ("cookie", " ")],
+            vec![("x-api-key", "")],
+        ] {
+            assert_eq!(principal_of(&t, &blank), None, "{blank:?}");
+        }
+        // A blank value beside a real one does not change who the caller is.
+        assert_eq!(
+            principal_of(&t, &[("authorization", ""), ("x-api-key", "alice")]),
+            principal_of(&t, &[("x-api-key", "alice")])
+        );
+        // With API keys, a blank key is no key.
+        let keyed = table("authorization");
+        check(&keyed, "authorization", &["Bearer "], None);
+        check(&keyed, "authorization", &[""], None);
+        check(&table("x-api-key"), "x-api-key", &[" "], None);
+    }
+
+    #[test]
+    fn the_api_key_header_and_the_upstreams_credentials_make_the_caller_by_default() {
+        let c = AuthConfig {
+            principal_secret: Some("0123456789abcdef-secret".into()),
+            upstream_credential_headers: vec!["X-Session".into()],
+            ..AuthConfig::default()
+        };
+        let t = ApiKeys::new(&c, true).unwrap();
+        assert!(t.ignored_upstream_credentials().is_empty());
+        let consent = ("cookie", "consent=yes");
+        let a = principal_of(&t, &[consent, ("x-api-key", "a")]);
+        let b = principal_of(&t, &[consent, ("x-api-key", "b")]);
+        assert_ne!(
+            a, b,
+            "callers differing in the API key header are two callers"
+        );
+        let s1 = principal_of(&t, &[consent, ("x-session", "s1")]);
+        let s2 = principal_of(&t, &[consent, ("x-session", "s2")]);
+        assert_ne!(
+            s1, s2,
+            "callers differing in the upstream's credential are two"
+        );
+        // A configured identity that leaves the upstream's credential out is told.
+        let narrow = AuthConfig {
+            credential_headers: Some(vec!["cookie:sid".into()]),
+            ..c
+        };
+        let t = ApiKeys::new(&narrow, true).unwrap();
+        assert_eq!(t.ignored_upstream_credentials(), ["x-session"]);
     }
 
     #[test]

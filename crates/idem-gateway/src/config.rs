@@ -52,6 +52,17 @@ pub struct GatewayConfig {
     /// Memory budget of the in-process window (no Redis): past it, new keys get 503
     /// until records expire. Default 256 MiB.
     pub memory_window_bytes: usize,
+    /// The most one partition (an API key's tenant; without API keys, one caller) may
+    /// hold of the in-process window: past it, that caller's new keys get 429 while
+    /// everyone else's are still taken. Default a sixteenth of `memory_window_bytes`.
+    pub window_partition_bytes: Option<usize>,
+    /// Keys one partition may have executing at once on this instance; more get 429.
+    /// Default 64.
+    pub max_in_progress_per_caller: usize,
+    /// Bytes of keyed request bodies buffered at once across all requests (each is held
+    /// until its execution ends); a body that does not fit gets 503 + `Retry-After`
+    /// before it is read. At least `max_body_bytes`. Default 64 MiB.
+    pub max_buffered_body_bytes: usize,
     /// In-flight marker lease: how long an execution holds a key before another
     /// instance may take it over. Renewed every third of it while the upstream works.
     pub lease_ms: u64,
@@ -132,6 +143,9 @@ impl Default for GatewayConfig {
             redis_timeout_ms: 1_000,
             window_ms: 120_000,
             memory_window_bytes: crate::memory::DEFAULT_MAX_BYTES,
+            window_partition_bytes: None,
+            max_in_progress_per_caller: 64,
+            max_buffered_body_bytes: 64 * 1024 * 1024,
             lease_ms: 10_000,
             max_wait_ms: 30_000,
             upstream_timeout_ms: 30_000,
@@ -202,8 +216,14 @@ pub struct AuthConfig {
     /// upstream's own credential): the principal is a keyed hash of their values, so
     /// two callers never share a stored result. `cookie:NAME` takes one cookie instead
     /// of the whole `Cookie` header (use it when other cookies are shared or rotate).
-    /// Default `authorization`, `cookie`.
-    pub credential_headers: Vec<String>,
+    /// Empty or blank values count as absent. Unset: `authorization`, `cookie`,
+    /// `header` and every `upstream_credential_headers` entry. When set, start-up warns
+    /// about each `upstream_credential_headers` entry the list leaves out.
+    pub credential_headers: Option<Vec<String>>,
+    /// Headers the upstream authenticates callers by (`x-session`, say), besides
+    /// `Authorization` and `Cookie`: part of the caller's identity unless
+    /// `credential_headers` says otherwise.
+    pub upstream_credential_headers: Vec<String>,
     /// The per-deployment secret of that hash (at least 16 bytes). Gateways sharing a
     /// window must share it; a single in-memory gateway makes a random one at start.
     /// Also read from `principal_secret_file` or `IDEM_GATEWAY_PRINCIPAL_SECRET`.
@@ -302,7 +322,8 @@ impl Default for AuthConfig {
             require_on_passthrough: false,
             strip_api_key: true,
             anonymous_tenant: None,
-            credential_headers: vec!["authorization".into(), "cookie".into()],
+            credential_headers: None,
+            upstream_credential_headers: Vec::new(),
             principal_secret: None,
             principal_secret_file: None,
         }
@@ -365,6 +386,20 @@ impl Default for StateQueryConfig {
     }
 }
 
+/// Whether a file's mode lets users other than its owner read (or write) it.
+pub fn readable_by_others(path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        false
+    }
+}
+
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
 }
@@ -393,7 +428,24 @@ impl GatewayConfig {
         } else {
             Self::from_json(&text)
         };
-        parsed.map_err(|e| GatewayError::Config(format!("{}: {e}", path.display())))
+        let config =
+            parsed.map_err(|e| GatewayError::Config(format!("{}: {e}", path.display())))?;
+        if config.holds_secrets() && readable_by_others(path) {
+            tracing::warn!(file = %path.display(), "the configuration holds secrets (API keys, the principal secret, the upstream token or a Redis password) and is readable by other users; chmod 600 it");
+        }
+        Ok(config)
+    }
+
+    /// Whether the configuration itself carries a secret.
+    fn holds_secrets(&self) -> bool {
+        !self.auth.api_keys.is_empty()
+            || self.auth.principal_secret.is_some()
+            || self.upstream_token.is_some()
+            || self
+                .redis_url
+                .as_deref()
+                .and_then(|u| u.split_once("://"))
+                .is_some_and(|(_, rest)| rest.split('/').next().unwrap_or("").contains('@'))
     }
 
     /// Each top-level setting from its environment variable when set: `IDEM_` and the
@@ -475,6 +527,17 @@ impl GatewayConfig {
         {
             return bad(e);
         }
+        if self.max_buffered_body_bytes < self.max_body_bytes {
+            return bad(format!(
+                "max_buffered_body_bytes ({}) must hold at least one body (max_body_bytes {})",
+                self.max_buffered_body_bytes, self.max_body_bytes
+            ));
+        }
+        if self.max_in_progress_per_caller == 0 || self.window_partition_bytes == Some(0) {
+            return bad(
+                "max_in_progress_per_caller and window_partition_bytes must be positive".into(),
+            );
+        }
         if self.memory_window_bytes < self.max_stored_bytes {
             return bad(format!(
                 "memory_window_bytes ({}) must hold at least one stored response \
@@ -527,8 +590,15 @@ impl GatewayConfig {
             self.auth
                 .credential_headers
                 .iter()
+                .flatten()
                 .filter(|h| !h.to_ascii_lowercase().starts_with("cookie:"))
                 .map(|h| ("auth.credential_headers", h)),
+        )
+        .chain(
+            self.auth
+                .upstream_credential_headers
+                .iter()
+                .map(|h| ("auth.upstream_credential_headers", h)),
         )
         .chain(
             self.per_caller_response_headers
@@ -589,6 +659,13 @@ impl GatewayConfig {
             return bad("admin_prefix must start with / and name a path".into());
         }
         Ok(())
+    }
+
+    /// The most one partition may hold of the in-process window.
+    pub fn partition_window_bytes(&self) -> usize {
+        self.window_partition_bytes
+            .unwrap_or(self.memory_window_bytes / 16)
+            .max(1)
     }
 
     pub fn window(&self) -> Duration {

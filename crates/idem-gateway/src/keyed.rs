@@ -12,6 +12,7 @@
 //!                               ─ in progress (another instance) ─▶ subscribe, re-claim,
 //!                                  sleep until the wake-up or the lease deadline, re-claim
 //!                               ─ in memory, full ─▶ 503 + Retry-After (fail closed)
+//!                               ─ the caller's share full ─▶ 429 + Retry-After
 //!                               ─ shared, unreachable ─▶ forward with the key (degraded)
 //!
 //! forward ─▶ complete response ─────────────▶ it
@@ -38,7 +39,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Response};
-use idem_core::{ClaimRequest, ClaimToken, Fingerprint, Finish, Principal, RecordState, Scope};
+use idem_core::{
+    ClaimRequest, ClaimToken, Fingerprint, Finish, IdempotencyStore as _, Principal, RecordState,
+    Scope, StoreError,
+};
 use idem_http::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use idem_http::pipeline::{self, FinishPolicy, Joined, Lead, NotFinished, Ran, TooLarge, Turn};
 use idem_http::InProgressMode;
@@ -59,6 +63,64 @@ pub(crate) struct KeyedRequest {
     pub path_and_query: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// The body's share of the buffering budget, given back when the request is done.
+    pub _buffered: crate::buffers::Held,
+}
+
+/// Keys each partition has executing on this instance, bounded per partition so one
+/// caller cannot hold every execution slot.
+#[derive(Debug)]
+pub(crate) struct InProgress {
+    per_partition: usize,
+    counts: std::sync::Mutex<std::collections::HashMap<idem_core::TenantId, usize>>,
+}
+
+/// One execution's slot; frees it when dropped.
+pub(crate) struct Slot {
+    owner: Arc<InProgress>,
+    tenant: idem_core::TenantId,
+}
+
+impl InProgress {
+    pub fn new(per_partition: usize) -> Self {
+        Self {
+            per_partition,
+            counts: Default::default(),
+        }
+    }
+
+    fn counts(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<idem_core::TenantId, usize>> {
+        // Every update is a single insert or remove: a poisoned map is still consistent.
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for `tenant`, unless it has every slot of its partition in use.
+    fn enter(self: &Arc<Self>, tenant: &idem_core::TenantId) -> Option<Slot> {
+        let mut counts = self.counts();
+        let n = counts.entry(tenant.clone()).or_default();
+        if *n >= self.per_partition {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            owner: self.clone(),
+            tenant: tenant.clone(),
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = self.owner.counts();
+        if let Some(n) = counts.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 /// What every arrival of one flight gets.
@@ -89,16 +151,37 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
             (follower, false)
         }
         Joined::Lead(lead, follower) => {
+            let Some(slot) = ctx.in_progress.enter(&req.scope.tenant) else {
+                ctx.metrics.caller_quota();
+                lead.complete(Outcome::Problem(
+                    Problem::new(
+                        ProblemKind::CallerQuotaExceeded,
+                        format!(
+                            "this caller already has {} keys in progress; retry with the same key",
+                            ctx.config.max_in_progress_per_caller
+                        ),
+                    )
+                    .retry_after(Duration::from_secs(1)),
+                ));
+                return match follower.outcome().await {
+                    Some(outcome) => respond(&ctx, &outcome, false),
+                    None => ctx.problem(Problem::new(
+                        ProblemKind::ExecutionFailed,
+                        "the gateway's execution of this key ended unexpectedly; retry with the same key",
+                    )),
+                };
+            };
             let span = tracing::info_span!(
                 "keyed",
                 request_id = crate::service::request_id().as_deref().unwrap_or("-"),
+                client_request_id = %crate::service::client_request_id(),
                 tenant = %req.scope.tenant,
                 key = %req.scope.key,
                 store_ms = tracing::field::Empty,
             );
             // A task of its own, so a client hanging up cannot cancel the flight.
             tokio::spawn(tracing::Instrument::instrument(
-                fly(ctx.clone(), req, lead),
+                fly(ctx.clone(), req, lead, slot),
                 span,
             ));
             (follower, true)
@@ -142,8 +225,11 @@ fn respond(ctx: &Ctx, outcome: &Outcome, follower: bool) -> Response<Body> {
     }
 }
 
-async fn fly(ctx: Arc<Ctx>, req: KeyedRequest, lead: Lead<Outcome>) {
+async fn fly(ctx: Arc<Ctx>, req: KeyedRequest, lead: Lead<Outcome>, slot: Slot) {
     let outcome = resolve(&ctx, &req).await;
+    // The slot and the body's buffer are free before the callers hear the outcome.
+    drop(slot);
+    drop(req);
     lead.complete(outcome);
 }
 
@@ -169,10 +255,30 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
     .await;
     let claimed = match claimed {
         Ok(claimed) => claimed,
+        Err(StoreError::Full {
+            what,
+            partition: true,
+            retry_after_ms,
+        }) => {
+            // This caller's share is used up: only its new keys wait.
+            ctx.metrics.caller_quota();
+            return Outcome::Problem(
+                Problem::new(
+                    ProblemKind::CallerQuotaExceeded,
+                    "this caller's share of the gateway's short window is full; retry with the same key later",
+                )
+                .cause(what)
+                .retry_after(Duration::from_millis(retry_after_ms)),
+            );
+        }
         Err(e) if !ctx.window.is_shared() => {
             // The in-memory window is full (its only failure): forwarding would turn
             // de-duplication off silently, so new keys are refused until records
-            // expire.
+            // expire, the first of them when Retry-After says.
+            let retry_after = match &e {
+                StoreError::Full { retry_after_ms, .. } => Duration::from_millis(*retry_after_ms),
+                _ => Duration::from_secs(1),
+            };
             if e.is_unavailable() {
                 ctx.metrics.window_full();
             }
@@ -182,7 +288,7 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
                     "the gateway's short window is full; retry with the same key later",
                 )
                 .cause(e.to_string())
-                .retry_after(Duration::from_secs(1)),
+                .retry_after(retry_after),
             );
         }
         Err(e) => {
@@ -264,13 +370,20 @@ async fn execute(ctx: &Arc<Ctx>, req: &KeyedRequest, token: ClaimToken) -> Outco
         attempts: 1,
         too_large: TooLarge::Forget,
     };
-    match pipeline::finish(&ctx.window, &token, resolution.finish, policy).await {
-        Ok(_) => {}
-        Err(NotFinished::Lost) => {
-            tracing::warn!(scope = %req.scope, "the window record was taken over before it was finished")
-        }
-        Err(NotFinished::Failed(e)) => {
-            tracing::warn!(scope = %req.scope, error = %e, "finishing the window record failed; it frees when its lease ends")
+    match resolution.finish {
+        Some(finish) => match pipeline::finish(&ctx.window, &token, finish, policy).await {
+            Ok(_) => {}
+            Err(NotFinished::Lost) => {
+                tracing::warn!(scope = %req.scope, "the window record was taken over before it was finished")
+            }
+            Err(NotFinished::Failed(e)) => {
+                tracing::warn!(scope = %req.scope, error = %e, "finishing the window record failed; it frees when its lease ends")
+            }
+        },
+        None => {
+            if let Err(e) = ctx.window.abandon(&token).await {
+                tracing::warn!(scope = %req.scope, error = %e, "withdrawing the window record failed; it frees when its lease ends")
+            }
         }
     }
     if ctx.window.is_shared() {
@@ -285,10 +398,10 @@ async fn execute(ctx: &Arc<Ctx>, req: &KeyedRequest, token: ClaimToken) -> Outco
     resolution.outcome
 }
 
-/// An outcome and how the window record ends.
+/// An outcome and how the window record ends (`None`: it is withdrawn).
 pub(crate) struct Resolution {
     outcome: Outcome,
-    finish: Finish,
+    finish: Option<Finish>,
 }
 
 impl Resolution {
@@ -297,22 +410,23 @@ impl Resolution {
             .config
             .outcome_policy
             .classify(idem_core::Outcome::Status(captured.status.as_u16()));
-        // "Who are you" answers are about the credential, not the intent: the key stays
-        // free for the caller who can authenticate.
+        // "Who are you" answers are about the credential, not the intent: nothing of
+        // them stays in the window, so callers who cannot authenticate take no room and
+        // the key is free for the caller who can.
         let identity_answer = matches!(captured.status.as_u16(), 401 | 403 | 407 | 511);
-        let keep = state.is_terminal()
-            && !identity_answer
-            && captured.body.len() <= ctx.config.max_stored_bytes;
-        let finish = if keep {
-            Finish {
+        let keep = state.is_terminal() && captured.body.len() <= ctx.config.max_stored_bytes;
+        let finish = if identity_answer {
+            None
+        } else if keep {
+            Some(Finish {
                 state,
                 result: Some(captured.to_stored(&ctx.per_caller)),
-            }
+            })
         } else {
-            Finish {
+            Some(Finish {
                 state: RecordState::FailedRetryable,
                 result: None,
-            }
+            })
         };
         Self {
             outcome: Outcome::Response {
@@ -326,10 +440,10 @@ impl Resolution {
     fn problem(problem: Problem) -> Self {
         Self {
             outcome: Outcome::Problem(problem),
-            finish: Finish {
+            finish: Some(Finish {
                 state: RecordState::FailedRetryable,
                 result: None,
-            },
+            }),
         }
     }
 }

@@ -99,6 +99,7 @@
 
 pub mod auth;
 pub mod body;
+mod buffers;
 pub mod config;
 pub mod error;
 pub mod forwarded;
@@ -240,6 +241,9 @@ async fn start_with(
             .transpose()
             .map_err(|e| GatewayError::Config(format!("TLS: {e}")))?;
     let ctx = Arc::new(service::Ctx::new(config)?);
+    for header in ctx.auth.ignored_upstream_credentials() {
+        tracing::warn!(header = %header, "auth.credential_headers leaves out {header}, which the upstream authenticates callers by: two callers that differ only in it share stored results; add it to auth.credential_headers");
+    }
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|source| GatewayError::Bind {

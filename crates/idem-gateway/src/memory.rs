@@ -10,7 +10,10 @@
 //! memory stays bounded by the traffic of one window — and by `max_bytes`: when the
 //! records held reach it, a claim on a new key fails as `Unavailable` (the gateway fails
 //! closed) instead of growing without bound under a flood of fresh keys; existing keys
-//! still replay, finish and renew.
+//! still replay, finish and renew. Each partition (the window tenant: an API key's tenant,
+//! or one caller without API keys) may hold at most `partition_bytes` of it, so one
+//! caller cannot fill the window for the others. Both refusals say when the first record
+//! that would make room expires.
 //!
 //! Nothing survives the process: this store dedups bursts, the business layer stays the
 //! source of truth.
@@ -39,6 +42,8 @@ pub struct MemoryOptions {
     /// Approximate bytes of records held (keys, identity, stored responses) past which
     /// new keys are refused.
     pub max_bytes: usize,
+    /// The most one partition (tenant) may hold of `max_bytes`.
+    pub partition_bytes: usize,
 }
 
 /// Default budget of the in-memory window.
@@ -51,6 +56,7 @@ impl Default for MemoryOptions {
             limits: StoreLimits::default(),
             clock: ClockShift::new(),
             max_bytes: DEFAULT_MAX_BYTES,
+            partition_bytes: DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -79,6 +85,16 @@ struct Entry {
     expires_at: Millis,
 }
 
+/// What one partition holds.
+#[derive(Default)]
+struct Partition {
+    bytes: usize,
+    records: usize,
+    /// Expiry times of its records, earliest first; may hold stale (earlier) times of
+    /// rewritten records, so the room it promises comes no later than this says.
+    expiries: BinaryHeap<Reverse<Millis>>,
+}
+
 #[derive(Default)]
 struct State {
     records: HashMap<Scope, Entry>,
@@ -87,6 +103,7 @@ struct State {
     /// (deadline, scope) pairs; stale pairs (the record was rewritten with a later
     /// deadline) are skipped by the sweep.
     expiries: BinaryHeap<Reverse<(Millis, TenantId, IdempotencyKey)>>,
+    partitions: HashMap<TenantId, Partition>,
 }
 
 impl State {
@@ -104,11 +121,43 @@ impl State {
                 .get(&scope)
                 .is_some_and(|e| e.expires_at <= now)
             {
-                if let Some(gone) = self.records.remove(&scope) {
-                    self.bytes = self.bytes.saturating_sub(record_bytes(&gone.record));
-                }
+                self.remove(&scope);
             }
         }
+    }
+
+    fn remove(&mut self, scope: &Scope) {
+        let Some(gone) = self.records.remove(scope) else {
+            return;
+        };
+        let bytes = record_bytes(&gone.record);
+        self.bytes = self.bytes.saturating_sub(bytes);
+        if let Some(p) = self.partitions.get_mut(&scope.tenant) {
+            p.bytes = p.bytes.saturating_sub(bytes);
+            p.records = p.records.saturating_sub(1);
+            if p.records == 0 {
+                self.partitions.remove(&scope.tenant);
+            }
+        }
+    }
+
+    /// Bytes one partition holds.
+    fn partition_bytes(&self, tenant: &TenantId) -> usize {
+        self.partitions.get(tenant).map_or(0, |p| p.bytes)
+    }
+
+    /// When the earliest record of a partition expires.
+    fn partition_frees_at(&mut self, tenant: &TenantId, now: Millis) -> Option<Millis> {
+        let p = self.partitions.get_mut(tenant)?;
+        while p.expiries.peek().is_some_and(|Reverse(at)| *at <= now) {
+            p.expiries.pop();
+        }
+        p.expiries.peek().map(|Reverse(at)| *at)
+    }
+
+    /// When the earliest record of the whole window expires.
+    fn frees_at(&self) -> Option<Millis> {
+        self.expiries.peek().map(|Reverse((at, _, _))| *at)
     }
 
     fn live(&mut self, scope: &Scope, now: Millis) -> Option<&mut Entry> {
@@ -122,9 +171,17 @@ impl State {
             scope.tenant.clone(),
             scope.key.clone(),
         )));
-        self.bytes += record_bytes(&record);
+        let bytes = record_bytes(&record);
+        self.bytes += bytes;
+        let p = self.partitions.entry(scope.tenant.clone()).or_default();
+        p.bytes += bytes;
+        p.records += 1;
+        p.expiries.push(Reverse(expires_at));
         if let Some(old) = self.records.insert(scope, Entry { record, expires_at }) {
-            self.bytes = self.bytes.saturating_sub(record_bytes(&old.record));
+            let old = record_bytes(&old.record);
+            self.bytes = self.bytes.saturating_sub(old);
+            p.bytes = p.bytes.saturating_sub(old);
+            p.records -= 1;
         }
     }
 }
@@ -137,6 +194,7 @@ pub struct MemoryStore {
     limits: StoreLimits,
     clock: ClockShift,
     max_bytes: usize,
+    partition_bytes: usize,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -155,6 +213,7 @@ impl MemoryStore {
             limits: options.limits,
             clock: options.clock,
             max_bytes: options.max_bytes,
+            partition_bytes: options.partition_bytes,
         }
     }
 
@@ -207,14 +266,34 @@ impl IdempotencyStore for MemoryStore {
         let mut st = self.lock();
         st.sweep(now);
         let held = st.bytes;
-        let (record, kind) = match st.live(&req.scope, now) {
-            None if held >= self.max_bytes => {
-                return Err(StoreError::Unavailable(format!(
-                    "the in-memory window is full ({held} of {} bytes): new keys are refused \
-                     until records expire; share the window through Redis or raise its budget",
+        let fresh = st.live(&req.scope, now).is_none();
+        if fresh && held >= self.max_bytes {
+            let frees_at = st.frees_at();
+            return Err(full(
+                format!(
+                    "the in-memory window is full ({held} of {} bytes); share the window \
+                     through Redis or raise its budget",
                     self.max_bytes
-                )));
-            }
+                ),
+                false,
+                frees_at,
+                now,
+            ));
+        }
+        let mine = st.partition_bytes(&req.scope.tenant);
+        if fresh && mine >= self.partition_bytes {
+            let frees_at = st.partition_frees_at(&req.scope.tenant, now);
+            return Err(full(
+                format!(
+                    "this caller's share of the window is full ({mine} of {} bytes)",
+                    self.partition_bytes
+                ),
+                true,
+                frees_at,
+                now,
+            ));
+        }
+        let (record, kind) = match st.live(&req.scope, now) {
             None => (
                 idem_core::store::fresh_record(req, now, deadline),
                 ClaimKind::Fresh,
@@ -286,8 +365,27 @@ impl IdempotencyStore for MemoryStore {
         Ok(st.live(scope, now).map(|e| e.record.clone()))
     }
 
+    async fn abandon(&self, token: &ClaimToken) -> Result<(), StoreError> {
+        let now = self.now();
+        let mut st = self.lock();
+        st.live(&token.scope, now)
+            .filter(|e| current(&e.record, token))
+            .ok_or_else(|| StoreError::superseded(token))?;
+        st.remove(&token.scope);
+        Ok(())
+    }
+
     async fn unique_guard(&self) -> Result<bool, StoreError> {
         Ok(true)
+    }
+}
+
+/// A refusal of new keys, with when the first record that makes room expires.
+fn full(what: String, partition: bool, frees_at: Option<Millis>, now: Millis) -> StoreError {
+    StoreError::Full {
+        what,
+        partition,
+        retry_after_ms: frees_at.map_or(1_000, |at| u64::try_from(at - now).unwrap_or(0).max(1)),
     }
 }
 
@@ -403,5 +501,75 @@ mod tests {
             Claim::Proceed(_)
         ));
         assert!(store.bytes() < 1024, "{}", store.bytes());
+    }
+
+    fn req_of(tenant: &str, k: &str) -> ClaimRequest {
+        ClaimRequest {
+            scope: Scope::new(
+                TenantId::new(tenant).unwrap(),
+                IdempotencyKey::new(k).unwrap(),
+            ),
+            ..req(k)
+        }
+    }
+
+    #[tokio::test]
+    async fn one_partition_cannot_fill_the_window_for_the_others() {
+        let clock = ClockShift::new();
+        let store = MemoryStore::new(MemoryOptions {
+            window: Duration::from_secs(60),
+            clock: clock.clone(),
+            max_bytes: 64 * 1024,
+            partition_bytes: 2048,
+            ..MemoryOptions::default()
+        });
+        let mut n = 0;
+        let refused = loop {
+            match store.claim(&req_of("greedy", &format!("k{n}"))).await {
+                Ok(Claim::Proceed(tok)) => {
+                    store.fail(&tok, true, None).await.unwrap();
+                    n += 1;
+                    clock.advance(Duration::from_secs(1));
+                }
+                Ok(other) => panic!("fresh key answered {other:?}"),
+                Err(e) => break e,
+            }
+            assert!(n < 100, "the partition budget never bit");
+        };
+        let StoreError::Full {
+            partition: true,
+            retry_after_ms,
+            ..
+        } = refused
+        else {
+            panic!("{refused:?}")
+        };
+        // Room comes back when the partition's first record expires: 60 s after it
+        // finished, `n` seconds ago.
+        assert_eq!(retry_after_ms, (60 - n) * 1000, "{n} records");
+        // Everyone else is still admitted, and the greedy partition's keys replay.
+        assert!(matches!(
+            store.claim(&req_of("other", "k0")).await.unwrap(),
+            Claim::Proceed(_)
+        ));
+        clock.advance(Duration::from_millis(retry_after_ms));
+        assert!(matches!(
+            store.claim(&req_of("greedy", "after")).await.unwrap(),
+            Claim::Proceed(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_claim_takes_no_room() {
+        let store = MemoryStore::new(MemoryOptions::default());
+        let r = req("k");
+        let Claim::Proceed(tok) = store.claim(&r).await.unwrap() else {
+            panic!()
+        };
+        assert!(store.bytes() > 0);
+        store.abandon(&tok).await.unwrap();
+        assert_eq!(store.bytes(), 0);
+        assert!(store.is_empty());
+        assert!(store.abandon(&tok).await.unwrap_err().is_superseded());
     }
 }

@@ -15,6 +15,9 @@
 //! | `idem_gateway_problems_total{type}` | error responses, by problem slug |
 //! | `idem_gateway_degraded` | 1 while the shared window (Redis) is unreachable |
 //! | `idem_gateway_degraded_requests_total` | keyed requests forwarded without the window |
+//! | `idem_gateway_caller_quota_refusals_total` | new keys refused because their caller's share (window bytes, keys in progress) was used up |
+//! | `idem_gateway_body_budget_refusals_total` | keyed requests refused because the body buffering budget was used up |
+//! | `idem_gateway_buffered_body_bytes` | bytes of keyed request bodies buffered now |
 
 use std::sync::atomic::AtomicI64;
 
@@ -41,6 +44,9 @@ pub struct GatewayMetrics {
     degraded_requests: Counter,
     window_full: Gauge<i64, AtomicI64>,
     window_full_refusals: Counter,
+    caller_quota_refusals: Counter,
+    body_budget_refusals: Counter,
+    buffered_body_bytes: Gauge<i64, AtomicI64>,
     /// Hot-path handles into the families above (no label hashing per request).
     hot: [Counter; 5],
 }
@@ -76,6 +82,9 @@ impl GatewayMetrics {
             degraded_requests: Counter::default(),
             window_full: Gauge::default(),
             window_full_refusals: Counter::default(),
+            caller_quota_refusals: Counter::default(),
+            body_budget_refusals: Counter::default(),
+            buffered_body_bytes: Gauge::default(),
             hot: Default::default(),
         };
         registry.register("requests", "Requests received", m.requests.clone());
@@ -129,6 +138,21 @@ impl GatewayMetrics {
             "window_full_refusals",
             "New keys refused because the in-memory window was full",
             m.window_full_refusals.clone(),
+        );
+        registry.register(
+            "caller_quota_refusals",
+            "New keys refused because their caller's share of the window or of the keys in progress was used up",
+            m.caller_quota_refusals.clone(),
+        );
+        registry.register(
+            "body_budget_refusals",
+            "Keyed requests refused because the body buffering budget was used up",
+            m.body_budget_refusals.clone(),
+        );
+        registry.register(
+            "buffered_body_bytes",
+            "Bytes of keyed request bodies buffered now",
+            m.buffered_body_bytes.clone(),
         );
         // Through a function: each family read guard is gone before the next
         // get_or_create takes the write lock (in one array literal they would all live
@@ -192,6 +216,18 @@ impl GatewayMetrics {
     /// The window's fill level as of now (read when health or metrics are asked for).
     pub(crate) fn set_window_full(&self, full: bool) {
         self.window_full.set(i64::from(full));
+    }
+    pub(crate) fn caller_quota(&self) {
+        self.caller_quota_refusals.inc();
+    }
+    pub fn caller_quota_refusals(&self) -> u64 {
+        self.caller_quota_refusals.get()
+    }
+    pub(crate) fn body_budget_refused(&self) {
+        self.body_budget_refusals.inc();
+    }
+    pub(crate) fn buffered_body_bytes(&self, delta: i64) {
+        self.buffered_body_bytes.inc_by(delta);
     }
     pub fn window_full_refusals(&self) -> u64 {
         self.window_full_refusals.get()

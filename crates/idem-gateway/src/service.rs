@@ -24,7 +24,8 @@ use idem_http::headers::IDEMPOTENCY_KEY;
 use idem_http::pipeline::Executions;
 
 use crate::auth::{ApiKeys, Caller};
-use crate::body::{empty, full, read_limited, Body, IdleTimeout, ReadError};
+use crate::body::{empty, full, Body, IdleTimeout};
+use crate::buffers::{BodyBudget, BufferError};
 use crate::config::GatewayConfig;
 use crate::error::GatewayError;
 use crate::forwarded::TrustedProxies;
@@ -44,14 +45,32 @@ use idem_core::wire::{TraceParent, TRACEPARENT};
 /// Correlates a client's answer with the gateway's log line (and the upstream's).
 pub use idem_http::headers::REQUEST_ID as X_REQUEST_ID;
 
+/// An arrival's ids: the gateway's own, always minted here (a client-chosen id could
+/// repeat another request's and confuse the logs), and the client's `X-Request-Id`
+/// when it is plain enough to log, kept apart.
+#[derive(Clone)]
+struct RequestIds {
+    ours: Arc<str>,
+    client: Option<Arc<str>>,
+}
+
 tokio::task_local! {
-    /// The request id of the arrival this task answers.
-    static REQUEST_ID: Arc<str>;
+    /// The ids of the arrival this task answers.
+    static REQUEST_ID: RequestIds;
 }
 
 /// The current arrival's request id (`None` outside a request).
 pub(crate) fn request_id() -> Option<Arc<str>> {
-    REQUEST_ID.try_with(Arc::clone).ok()
+    REQUEST_ID.try_with(|ids| ids.ours.clone()).ok()
+}
+
+/// The `X-Request-Id` the client sent with the current arrival, if any (`-` if none).
+pub(crate) fn client_request_id() -> Arc<str> {
+    REQUEST_ID
+        .try_with(|ids| ids.client.clone())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Arc::from("-"))
 }
 
 /// Everything a request needs, shared by all connections of one gateway.
@@ -62,6 +81,10 @@ pub(crate) struct Ctx {
     pub upstream: Upstream,
     pub window: Window,
     pub flights: Arc<Flights>,
+    /// Keys each partition has executing here.
+    pub in_progress: Arc<keyed::InProgress>,
+    /// Bytes of keyed bodies buffered at once.
+    body_budget: BodyBudget,
     pub metrics: Arc<GatewayMetrics>,
     pub instance: String,
     owner_seq: AtomicU64,
@@ -143,6 +166,8 @@ impl Ctx {
             upstream,
             window,
             flights: Arc::default(),
+            in_progress: Arc::new(keyed::InProgress::new(config.max_in_progress_per_caller)),
+            body_budget: BodyBudget::new(config.max_buffered_body_bytes, metrics.clone()),
             metrics,
             instance,
             owner_seq: AtomicU64::new(0),
@@ -162,7 +187,7 @@ impl Ctx {
         self.metrics.problem(p.kind.slug());
         let id = request_id();
         if let Some(cause) = &p.cause {
-            tracing::warn!(request_id = id.as_deref().unwrap_or("-"), problem = p.kind.slug(), %cause, "answered with a problem");
+            tracing::warn!(request_id = id.as_deref().unwrap_or("-"), client_request_id = %client_request_id(), problem = p.kind.slug(), %cause, "answered with a problem");
         }
         crate::problem::to_response(&p, id.as_deref())
     }
@@ -324,10 +349,12 @@ pub(crate) async fn serve(
 }
 
 async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
-    let id = idem_http::headers::request_id(req.headers());
-    let mut response = REQUEST_ID
-        .scope(id.clone(), route_request(ctx, peer, req))
-        .await;
+    let id: Arc<str> = Arc::from(uuid::Uuid::now_v7().simple().to_string());
+    let ids = RequestIds {
+        ours: id.clone(),
+        client: idem_core::wire::client_request_id(req.headers()).map(Arc::from),
+    };
+    let mut response = REQUEST_ID.scope(ids, route_request(ctx, peer, req)).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(X_REQUEST_ID, v);
     }
@@ -545,10 +572,25 @@ async fn keyed_entry(
         return too_large();
     }
     let (mut parts, body) = req.into_parts();
-    let body = match read_limited(body, limit, ctx.config.body_read_timeout()).await {
+    let read = ctx.body_budget.read(
+        body,
+        declared.map(|n| n as usize),
+        limit,
+        ctx.config.body_read_timeout(),
+    );
+    let (body, buffered) = match read.await {
         Ok(b) => b,
-        Err(ReadError::TooLarge { .. }) => return too_large(),
-        Err(ReadError::TimedOut) => {
+        Err(BufferError::TooLarge) => return too_large(),
+        Err(BufferError::NoRoom) => {
+            return ctx.problem(
+                Problem::new(
+                    ProblemKind::StoreUnavailable,
+                    "the gateway is buffering as many request bodies as it may; retry with the same key",
+                )
+                .retry_after(std::time::Duration::from_secs(1)),
+            )
+        }
+        Err(BufferError::TimedOut) => {
             return ctx.problem(Problem::new(
                 ProblemKind::RequestTimeout,
                 format!(
@@ -557,7 +599,7 @@ async fn keyed_entry(
                 ),
             ))
         }
-        Err(ReadError::Broken(e)) => {
+        Err(BufferError::Broken(e)) => {
             return ctx.problem(
                 Problem::new(ProblemKind::UnreadableBody, "the request body broke off")
                     .cause(e.to_string()),
@@ -601,6 +643,7 @@ async fn keyed_entry(
         path_and_query,
         headers: parts.headers,
         body,
+        _buffered: buffered,
     };
     keyed::handle(ctx, req).await
 }

@@ -54,6 +54,7 @@ impl Window {
                     window: config.window(),
                     limits,
                     max_bytes: config.memory_window_bytes,
+                    partition_bytes: config.partition_window_bytes(),
                     ..MemoryOptions::default()
                 });
                 Ok(Self {
@@ -174,6 +175,12 @@ impl IdempotencyStore for Window {
         res
     }
 
+    async fn abandon(&self, token: &ClaimToken) -> Result<(), StoreError> {
+        let res = self.store.abandon(token).await;
+        self.note(&res);
+        res
+    }
+
     async fn unique_guard(&self) -> Result<bool, StoreError> {
         self.store.unique_guard().await
     }
@@ -226,6 +233,10 @@ impl IdempotencyStore for LazyRedisStore {
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         self.connected().await?.get(scope).await
+    }
+
+    async fn abandon(&self, token: &ClaimToken) -> Result<(), StoreError> {
+        self.connected().await?.abandon(token).await
     }
 
     async fn unique_guard(&self) -> Result<bool, StoreError> {

@@ -211,6 +211,7 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 const CLAIM_LUA: &str = include_str!("lua/claim.lua");
 const FINISH_LUA: &str = include_str!("lua/finish.lua");
 const EXTEND_LUA: &str = include_str!("lua/extend.lua");
+const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
 
 /// How to open a [`RedisStore`].
 #[derive(Debug, Clone)]
@@ -337,6 +338,7 @@ struct Inner {
     claim: Script,
     finish: Script,
     extend: Script,
+    abandon: Script,
     recent: RecentKeys,
     /// The server's clock for the commands that write times without a script.
     server_clock: clock::ServerClock,
@@ -489,6 +491,7 @@ impl RedisStore {
                 claim: Script::new(CLAIM_LUA),
                 finish: Script::new(FINISH_LUA),
                 extend: Script::new(EXTEND_LUA),
+                abandon: Script::new(ABANDON_LUA),
                 recent: RecentKeys::new(options.recent_capacity),
                 server_clock: clock::ServerClock::new(),
             }),
@@ -1029,6 +1032,21 @@ impl IdempotencyStore for RedisStore {
     /// object (see the module docs, *Uniqueness guard*).
     async fn unique_guard(&self) -> Result<bool, StoreError> {
         Ok(true)
+    }
+
+    /// Removes the claim's record: nothing of it stays for the retention.
+    async fn abandon(&self, token: &ClaimToken) -> Result<(), StoreError> {
+        let key = self.record_key(&token.scope);
+        let mut cmd = self.evalsha(&self.inner.abandon, &key);
+        cmd.arg(codec::owner_block(&token.owner)).arg(token.version);
+        match self.eval(&self.inner.abandon, &cmd).await? {
+            Value::Int(1) => {
+                tracing::debug!(scope = %token.scope, "redis claim abandoned");
+                Ok(())
+            }
+            Value::Int(0) => Err(StoreError::superseded(token)),
+            other => Err(corrupt(format!("abandon reply {other:?}"))),
+        }
     }
 }
 
