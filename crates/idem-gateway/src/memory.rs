@@ -545,8 +545,12 @@ mod tests {
             panic!("{refused:?}")
         };
         // Room comes back when the partition's first record expires: 60 s after it
-        // finished, `n` seconds ago.
-        assert_eq!(retry_after_ms, (60 - n) * 1000, "{n} records");
+        // finished, `n` seconds ago (the wall clock moved a little too).
+        let expected = (60 - n) * 1000;
+        assert!(
+            (expected - 500..=expected).contains(&retry_after_ms),
+            "{retry_after_ms} ms after {n} records"
+        );
         // Everyone else is still admitted, and the greedy partition's keys replay.
         assert!(matches!(
             store.claim(&req_of("other", "k0")).await.unwrap(),
