@@ -937,13 +937,21 @@ impl FreezeBody {
             WhatList::List(l) => FreezeWhat::parse_list(&l.join(",")),
         }
         .map_err(bad)?;
-        Ok(FreezeRequest {
+        let given = |v: Option<String>| v.filter(|v| !v.is_empty());
+        let request = FreezeRequest {
             tenant: self.tenant,
             scope,
             what,
-            reason: self.reason,
-            actor: Some(self.actor.unwrap_or_else(|| "admin-api".into())),
-        })
+            reason: given(self.reason),
+            actor: Some(given(self.actor).unwrap_or_else(|| "admin-api".into())),
+        };
+        // A control character (a newline forging a log line) is the caller's mistake,
+        // answered as the tenant API answers one in a name.
+        request.check_text()?;
+        if let Some(t) = &request.tenant {
+            TenantId::new(t.clone()).map_err(|e| bad(Error::InvalidInput(e.to_string())))?;
+        }
+        Ok(request)
     }
 }
 
@@ -980,7 +988,7 @@ async fn list_freezes(
     responses(
         (status = 201, description = "Frozen", body = Object),
         (status = 200, description = "Already frozen", body = Object),
-        (status = 422, description = "Invalid scope or what", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid scope, what, tenant, reason or actor", body = crate::openapi::Problem, content_type = "application/problem+json"),
         crate::openapi::BodyRefusals,
         crate::openapi::AdminRefusals
     ),
@@ -1010,7 +1018,7 @@ async fn post_freeze(
     request_body = FreezeBody,
     responses(
         (status = 200, description = "Unfrozen", body = Object),
-        (status = 422, description = "Invalid scope or what", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid scope, what, tenant, reason or actor", body = crate::openapi::Problem, content_type = "application/problem+json"),
         crate::openapi::BodyRefusals,
         crate::openapi::AdminRefusals
     ),

@@ -1613,3 +1613,84 @@ fn the_console_cookie_is_secure_when_forced_behind_a_tls_proxy() {
         );
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// Free text from the admin API cannot forge a log line
+
+#[test]
+fn admin_free_text_with_control_characters_is_refused_and_logged_quoted() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(&db, &["--api-key", &key], &[("IDEM_ADMIN_TOKEN", ADMIN)]);
+    let rt = runtime();
+    let http = client();
+    rt.block_on(async {
+        let forged = [
+            (
+                "/v1/admin/freezes",
+                json!({"scope": "user:U-1", "what": "ticketing", "reason": "x\nINFO forged"}),
+                "reason",
+            ),
+            (
+                "/v1/admin/freezes",
+                json!({"scope": "user:U-1", "what": "ticketing", "actor": "ops\r\nWARN forged"}),
+                "actor",
+            ),
+            (
+                "/v1/admin/unfreeze",
+                json!({"scope": "user:U-1", "what": "ticketing", "actor": "ops\nERROR forged"}),
+                "actor",
+            ),
+        ];
+        for (path, body, field) in forged {
+            let r = post(&http, s.url(path), ADMIN, None, &body).await;
+            assert_eq!(r.status, 422, "{path} {body}: {}", r.text);
+            assert_eq!(
+                r.body["type"],
+                "https://idem.dev/problems/orders/invalid-field"
+            );
+            assert_eq!(r.body["field"], field, "{}", r.text);
+        }
+        // A malformed tenant is the caller's mistake too, not a server error.
+        let r = post(
+            &http,
+            s.url("/v1/admin/freezes"),
+            ADMIN,
+            None,
+            &json!({"scope": "user:U-1", "what": "ticketing", "tenant": "no such/tenant"}),
+        )
+        .await;
+        assert_eq!(r.status, 422, "{}", r.text);
+        let listed = get(&http, s.url("/v1/admin/freezes"), Some(ADMIN)).await;
+        assert_eq!(listed.body["history"], json!([]), "nothing was frozen");
+
+        let r = post(
+            &http,
+            s.url("/v1/admin/freezes"),
+            ADMIN,
+            None,
+            &json!({"scope": "user:U-1 x", "what": "ticketing",
+                    "reason": "disk \"full\" on db-2", "actor": "ana b"}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+    });
+    let log = wait_for_log(&s, " frozen ");
+    let line = log.lines().find(|l| l.contains(" frozen ")).unwrap();
+    assert!(
+        line.contains(r#"reason="disk \"full\" on db-2""#)
+            && line.contains(r#"by="ana b""#)
+            && line.contains(r#"scope="user:U-1 x""#),
+        "{line}"
+    );
+    for l in log.lines() {
+        let l = l.trim_start();
+        assert!(
+            !(l.starts_with("INFO forged")
+                || l.starts_with("WARN forged")
+                || l.starts_with("ERROR forged")),
+            "a forged line:\n{log}"
+        );
+    }
+    assert!(!log.contains("forged"), "{log}");
+}

@@ -553,7 +553,15 @@ pub(crate) async fn audit(
     reason: Option<&str>,
     outcome: &str,
 ) {
-    tracing::info!(operator, action, target, reason, outcome, "console action");
+    // Free text is logged quoted: it cannot pass for a log line of its own.
+    tracing::info!(
+        operator = ?operator,
+        action,
+        target = ?target,
+        reason = reason.map(tracing::field::debug),
+        outcome,
+        "console action"
+    );
     let written = async {
         let mut conn = state.orders.database().acquire().await?;
         conn.conn()
