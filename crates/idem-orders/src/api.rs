@@ -11,10 +11,10 @@
 //! 404. Admin routes (freezes, shows) and `/metrics` need the admin token and are
 //! outside the layer.
 //!
-//! Every request carries a request id (the client's `x-request-id` when it is short
-//! visible ASCII, else a fresh one): answered in `x-request-id`, added as `request_id`
-//! to the problem+json of server failures and 408s, and on the span of the request's
-//! logs. Internal errors are logged with it and answered with a stable message, never
+//! Every request carries a request id of our own (never the client's, which could
+//! repeat another request's): answered in `x-request-id`, added as `request_id` to the
+//! problem+json of server failures and 408s, and on the span of the request's logs,
+//! beside the client's own `x-request-id` (when plain) as `client_request_id`. Internal errors are logged with it and answered with a stable message, never
 //! the error's text. Request bodies are read in full, within the body read timeout,
 //! before a handler or the layer sees them (408 otherwise).
 //!
@@ -1321,14 +1321,18 @@ async fn openapi(State(state): State<AppState>) -> Response {
 // ---------------------------------------------------------------------------------------
 // Request ids and request bodies
 
-/// `x-request-id`: taken from the client when acceptable, always answered.
+/// `x-request-id`: always answered with our own id; the client's is logged beside it.
 pub use idem_http::headers::REQUEST_ID;
 
 /// Problem bodies are small; anything larger is passed on untouched.
 const MAX_PROBLEM_BODY: usize = 64 * 1024;
 
 async fn request_ids(request: Request, next: Next) -> Response {
-    let id = idem_http::headers::request_id(request.headers());
+    // Minted here every time: a client's id may repeat another request's, and a log
+    // searched by it would mix the two. The client's id (a gateway's, an app's) stays
+    // findable as a field of its own; it is not echoed, the client has it already.
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let client_id = idem_core::wire::client_request_id(request.headers());
     // The caller's W3C trace (the gateway always sends one): its id joins our log lines
     // to the caller's trace.
     let trace_id = request
@@ -1341,8 +1345,12 @@ async fn request_ids(request: Request, next: Next) -> Response {
     let span = tracing::error_span!(
         "request",
         request_id = %id,
+        client_request_id = tracing::field::Empty,
         trace_id = trace_id.as_deref().unwrap_or("-")
     );
+    if let Some(client_id) = client_id {
+        span.record("client_request_id", client_id);
+    }
     let response = next.run(request).instrument(span).await;
     with_request_id(response, &id).await
 }

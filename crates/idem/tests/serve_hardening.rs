@@ -790,8 +790,10 @@ fn internal_errors_answer_a_stable_detail_and_the_request_id() {
         .await
     });
     assert_eq!(r.status, 500, "{}", r.text);
-    assert_eq!(r.headers["x-request-id"], "req-abc-123");
-    assert_eq!(r.body["request_id"], "req-abc-123", "{}", r.text);
+    // Our own request id, not the client's; the client's is logged beside it.
+    let id = r.headers["x-request-id"].to_str().unwrap().to_owned();
+    assert_ne!(id, "req-abc-123");
+    assert_eq!(r.body["request_id"], id.as_str(), "{}", r.text);
     for leak in ["secret-ledger-text", "database", "sqlite", "error returned"] {
         assert!(
             !r.text.to_lowercase().contains(leak),
@@ -800,7 +802,11 @@ fn internal_errors_answer_a_stable_detail_and_the_request_id() {
         );
     }
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !(s.stderr().contains("secret-ledger-text") && s.stderr().contains("req-abc-123")) {
+    while !s.stderr().lines().any(|l| {
+        l.contains("secret-ledger-text")
+            && l.contains(&format!("request_id={id} "))
+            && l.contains("client_request_id=\"req-abc-123\"")
+    }) {
         assert!(
             Instant::now() < deadline,
             "the error is not logged with its request id:\n{}",
@@ -1693,4 +1699,60 @@ fn admin_free_text_with_control_characters_is_refused_and_logged_quoted() {
         );
     }
     assert!(!log.contains("forged"), "{log}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Request ids are the server's own
+
+#[test]
+fn every_request_gets_its_own_request_id_and_the_clients_is_logged_beside_it() {
+    let db = db();
+    let key = format!("t={KEY}");
+    let s = Serve::start(&db, &["--api-key", &key], &[("IDEM_ADMIN_TOKEN", ADMIN)]);
+    let rt = runtime();
+    let http = client();
+    let ids: Vec<String> = rt.block_on(async {
+        let mut ids = Vec::new();
+        for user in ["user:U-1", "user:U-2"] {
+            let r = reply(
+                http.post(s.url("/v1/admin/freezes"))
+                    .bearer_auth(ADMIN)
+                    .header("x-request-id", "same-id-1")
+                    .json(&json!({"scope": user, "what": "ticketing"}))
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(r.status, 201, "{}", r.text);
+            ids.push(r.headers["x-request-id"].to_str().unwrap().to_owned());
+        }
+        for _ in 0..2 {
+            let r = reply(
+                http.get(s.url("/healthz"))
+                    .header("x-request-id", "same-id-1")
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            ids.push(r.headers["x-request-id"].to_str().unwrap().to_owned());
+        }
+        ids
+    });
+    let mut distinct = ids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+    assert!(!ids.iter().any(|id| id == "same-id-1"), "{ids:?}");
+    // The freezes' log lines carry each request's own id and the client's beside it.
+    wait_for_log(&s, &format!("request_id={} ", ids[1]));
+    let log = s.stderr();
+    for id in &ids[..2] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(&format!("request_id={id} ")))
+            .unwrap_or_else(|| panic!("no line for {id}:\n{log}"));
+        assert!(line.contains("client_request_id=\"same-id-1\""), "{line}");
+    }
 }
