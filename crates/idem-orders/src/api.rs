@@ -11,10 +11,10 @@
 //! 404. Admin routes (freezes, shows) and `/metrics` need the admin token and are
 //! outside the layer.
 //!
-//! Every request carries a request id (the client's `x-request-id` when it is short
-//! visible ASCII, else a fresh one): answered in `x-request-id`, added as `request_id`
-//! to the problem+json of server failures and 408s, and on the span of the request's
-//! logs. Internal errors are logged with it and answered with a stable message, never
+//! Every request carries a request id of our own (never the client's, which could
+//! repeat another request's): answered in `x-request-id`, added as `request_id` to the
+//! problem+json of server failures and 408s, and on the span of the request's logs,
+//! beside the client's own `x-request-id` (when plain) as `client_request_id`. Internal errors are logged with it and answered with a stable message, never
 //! the error's text. Request bodies are read in full, within the body read timeout,
 //! before a handler or the layer sees them (408 otherwise).
 //!
@@ -937,13 +937,21 @@ impl FreezeBody {
             WhatList::List(l) => FreezeWhat::parse_list(&l.join(",")),
         }
         .map_err(bad)?;
-        Ok(FreezeRequest {
+        let given = |v: Option<String>| v.filter(|v| !v.is_empty());
+        let request = FreezeRequest {
             tenant: self.tenant,
             scope,
             what,
-            reason: self.reason,
-            actor: Some(self.actor.unwrap_or_else(|| "admin-api".into())),
-        })
+            reason: given(self.reason),
+            actor: Some(given(self.actor).unwrap_or_else(|| "admin-api".into())),
+        };
+        // A control character (a newline forging a log line) is the caller's mistake,
+        // answered as the tenant API answers one in a name.
+        request.check_text()?;
+        if let Some(t) = &request.tenant {
+            TenantId::new(t.clone()).map_err(|e| bad(Error::InvalidInput(e.to_string())))?;
+        }
+        Ok(request)
     }
 }
 
@@ -980,7 +988,7 @@ async fn list_freezes(
     responses(
         (status = 201, description = "Frozen", body = Object),
         (status = 200, description = "Already frozen", body = Object),
-        (status = 422, description = "Invalid scope or what", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid scope, what, tenant, reason or actor", body = crate::openapi::Problem, content_type = "application/problem+json"),
         crate::openapi::BodyRefusals,
         crate::openapi::AdminRefusals
     ),
@@ -1010,7 +1018,7 @@ async fn post_freeze(
     request_body = FreezeBody,
     responses(
         (status = 200, description = "Unfrozen", body = Object),
-        (status = 422, description = "Invalid scope or what", body = crate::openapi::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid scope, what, tenant, reason or actor", body = crate::openapi::Problem, content_type = "application/problem+json"),
         crate::openapi::BodyRefusals,
         crate::openapi::AdminRefusals
     ),
@@ -1313,14 +1321,18 @@ async fn openapi(State(state): State<AppState>) -> Response {
 // ---------------------------------------------------------------------------------------
 // Request ids and request bodies
 
-/// `x-request-id`: taken from the client when acceptable, always answered.
+/// `x-request-id`: always answered with our own id; the client's is logged beside it.
 pub use idem_http::headers::REQUEST_ID;
 
 /// Problem bodies are small; anything larger is passed on untouched.
 const MAX_PROBLEM_BODY: usize = 64 * 1024;
 
 async fn request_ids(request: Request, next: Next) -> Response {
-    let id = idem_http::headers::request_id(request.headers());
+    // Minted here every time: a client's id may repeat another request's, and a log
+    // searched by it would mix the two. The client's id (a gateway's, an app's) stays
+    // findable as a field of its own; it is not echoed, the client has it already.
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    let client_id = idem_core::wire::client_request_id(request.headers());
     // The caller's W3C trace (the gateway always sends one): its id joins our log lines
     // to the caller's trace.
     let trace_id = request
@@ -1333,8 +1345,12 @@ async fn request_ids(request: Request, next: Next) -> Response {
     let span = tracing::error_span!(
         "request",
         request_id = %id,
+        client_request_id = tracing::field::Empty,
         trace_id = trace_id.as_deref().unwrap_or("-")
     );
+    if let Some(client_id) = client_id {
+        span.record("client_request_id", client_id);
+    }
     let response = next.run(request).instrument(span).await;
     with_request_id(response, &id).await
 }

@@ -169,6 +169,11 @@ impl FromStr for FreezeWhat {
     }
 }
 
+/// Longest freeze reason, in bytes (the console's 500 characters fit).
+pub const MAX_REASON: usize = 2048;
+/// Longest actor, in bytes (`console:` and the console's 64-character names fit).
+pub const MAX_ACTOR: usize = 512;
+
 /// A freeze (or an unfreeze) to apply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FreezeRequest {
@@ -195,7 +200,22 @@ impl FreezeRequest {
         }
     }
 
+    /// The free text (`reason`, `actor`) reaches the log and the console: no control
+    /// characters, and bounded. Empty is the same as absent.
+    pub(crate) fn check_text(&self) -> Result<(), crate::OrderError> {
+        let some = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+        if let Some(reason) = some(&self.reason) {
+            crate::service::check_text("reason", &reason, MAX_REASON)?;
+        }
+        if let Some(actor) = some(&self.actor) {
+            crate::service::check_text("actor", &actor, MAX_ACTOR)?;
+        }
+        Ok(())
+    }
+
     fn check(&self) -> Result<(), Error> {
+        self.check_text()
+            .map_err(|e| Error::InvalidInput(e.to_string()))?;
         if self.what.is_empty() {
             return Err(Error::InvalidInput(
                 "freeze needs at least one `what`".into(),
@@ -304,8 +324,16 @@ pub async fn apply_freeze(db: &Database, request: &FreezeRequest) -> Result<Free
     }
     let active = active_on(&mut c).await?;
     tx.commit().await?;
+    // Free text is logged quoted (Debug): it cannot pass for a log line of its own.
     for f in &changed {
-        tracing::warn!(scope = %f.scope, what = %f.what, tenant = ?f.tenant, by = %f.frozen_by, "frozen");
+        tracing::warn!(
+            scope = ?f.scope.to_string(),
+            what = %f.what,
+            tenant = ?f.tenant,
+            by = ?f.frozen_by,
+            reason = f.reason.as_deref().map(tracing::field::debug),
+            "frozen"
+        );
     }
     Ok(FreezeChange { changed, active })
 }
@@ -346,7 +374,13 @@ pub async fn apply_unfreeze(db: &Database, request: &FreezeRequest) -> Result<Fr
     let active = active_on(&mut c).await?;
     tx.commit().await?;
     for f in &changed {
-        tracing::warn!(scope = %f.scope, what = %f.what, tenant = ?f.tenant, by = %actor, "unfrozen");
+        tracing::warn!(
+            scope = ?f.scope.to_string(),
+            what = %f.what,
+            tenant = ?f.tenant,
+            by = ?actor,
+            "unfrozen"
+        );
     }
     Ok(FreezeChange { changed, active })
 }

@@ -40,6 +40,7 @@ pub mod compensation;
 pub mod console;
 pub mod db;
 mod error;
+pub mod forwarded;
 pub mod freeze;
 pub mod ledgers;
 pub mod machine;
@@ -54,6 +55,7 @@ pub mod views;
 pub use chain::{Chain, ChainHandle, ChainOptions, NatsOptions, TransportConfig};
 pub use db::{Database, DatabaseOptions, DEFAULT_URL};
 pub use error::{Error, OrderError};
+pub use forwarded::{IpNet, TrustedProxies};
 pub use freeze::{Freeze, FreezeChange, FreezeRequest, FreezeScope, FreezeWhat};
 /// Where a route claims its idempotency key (see [`ServiceOptions::create_claim`]).
 pub use idem_http::ClaimMode;

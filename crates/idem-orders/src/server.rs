@@ -42,6 +42,7 @@ use crate::chain::{Chain, ChainHandle, ChainOptions, NatsOptions, TransportConfi
 use crate::console::ConsoleState;
 use crate::db::{redact, Database, DatabaseOptions, DEFAULT_URL};
 use crate::error::Error;
+use crate::forwarded::TrustedProxies;
 use crate::ledgers::ShowSeed;
 use crate::metrics::OrdersMetrics;
 use crate::service::{Orders, OrdersOptions};
@@ -273,6 +274,12 @@ pub struct ServiceOptions {
     /// Record every keyed arrival for the console's timeline (default on); `None` turns
     /// the timeline off.
     pub arrivals: Option<ArrivalOptions>,
+    /// Reverse proxies whose `X-Forwarded-For` names the client for the console's login
+    /// throttle and audit. Default none: the peer is the client.
+    pub trusted_proxies: TrustedProxies,
+    /// Give the console's cookie `Secure` on plain HTTP too (TLS ends at a proxy in
+    /// front). With `tls` it always has it.
+    pub console_secure_cookie: bool,
 }
 
 impl Default for ServiceOptions {
@@ -292,6 +299,8 @@ impl Default for ServiceOptions {
             metrics_listen: None,
             metrics_refresh: Duration::from_secs(5),
             arrivals: Some(ArrivalOptions::default()),
+            trusted_proxies: TrustedProxies::default(),
+            console_secure_cookie: false,
         }
     }
 }
@@ -475,7 +484,8 @@ impl App {
             database.store().archive(),
             arrivals.clone(),
             idem_metrics,
-            config.tls.is_some(),
+            config.tls.is_some() || config.options.console_secure_cookie,
+            config.options.trusted_proxies.clone(),
         ));
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let state = AppState {

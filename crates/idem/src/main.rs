@@ -133,7 +133,9 @@ enum Command {
         /// A file of TENANT=SECRET lines (blank lines and `#` comments skipped).
         #[arg(long, value_name = "PATH")]
         api_keys_file: Option<std::path::PathBuf>,
-        /// Enables the admin API (freezes, shows) and `/metrics`; at least 16 characters.
+        /// Enables the admin API (freezes, shows), `/metrics` and the console; at least 16
+        /// characters. The command line shows in `ps`: prefer IDEM_ADMIN_TOKEN or
+        /// --admin-token-file.
         #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
         admin_token: Option<String>,
         /// Read the admin token from this file (its first line).
@@ -174,6 +176,15 @@ enum Command {
         /// Also serve `/metrics`, without credentials, on this address (keep it internal).
         #[arg(long)]
         metrics_listen: Option<std::net::SocketAddr>,
+        /// Reverse proxies (addresses or CIDR blocks; repeatable or comma-separated) whose
+        /// X-Forwarded-For names the client of a console login, for its throttle and
+        /// audit. Default none: the peer is the client.
+        #[arg(long, value_delimiter = ',', value_name = "ADDR|CIDR")]
+        trusted_proxies: Vec<idem_orders::IpNet>,
+        /// Give the console's session cookie `Secure` on plain HTTP too, when TLS ends at
+        /// a proxy in front (with --tls-cert it always has it).
+        #[arg(long)]
+        console_secure_cookie: bool,
         #[command(flatten)]
         tuning: service::ServeTuning,
     },
@@ -716,7 +727,7 @@ async fn run(
                 },
         } => sweep::bench(url, records, concurrency, batch, duty, json).await,
         Command::Serve {
-            config: _,
+            config,
             listen,
             api_keys,
             api_keys_file,
@@ -731,11 +742,14 @@ async fn run(
             body_read_timeout,
             shutdown_grace,
             metrics_listen,
+            trusted_proxies,
+            console_secure_cookie,
             tuning,
         } => {
             service::serve(
                 url,
                 service::ServeArgs {
+                    config,
                     listen,
                     api_keys,
                     api_keys_file,
@@ -750,6 +764,8 @@ async fn run(
                     body_read_timeout,
                     shutdown_grace,
                     metrics_listen,
+                    trusted_proxies,
+                    console_secure_cookie,
                     tuning,
                 },
             )

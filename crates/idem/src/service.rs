@@ -28,6 +28,8 @@ fn orders_err(e: idem_orders::Error) -> StoreError {
 }
 
 pub struct ServeArgs {
+    /// The `--config` file, checked for secrets others can read.
+    pub config: Option<PathBuf>,
     pub listen: SocketAddr,
     pub api_keys: Vec<String>,
     pub api_keys_file: Option<PathBuf>,
@@ -41,6 +43,8 @@ pub struct ServeArgs {
     pub body_read_timeout: Duration,
     pub shutdown_grace: Duration,
     pub metrics_listen: Option<SocketAddr>,
+    pub trusted_proxies: Vec<idem_orders::IpNet>,
+    pub console_secure_cookie: bool,
     pub tuning: ServeTuning,
 }
 
@@ -118,6 +122,90 @@ fn read_secret_file(path: &Path) -> Result<String, StoreError> {
         }
     }
     Ok(text)
+}
+
+/// A URL that carries a password or token (`user:pass@`, `nats://TOKEN@`, `password=`).
+fn url_has_secret(url: &str) -> bool {
+    idem_sql::redact(url) != url || url.to_ascii_lowercase().contains("password=")
+}
+
+/// The secret-bearing flags on this process's command line, which every user of the
+/// host can read (`ps`, `/proc/PID/cmdline`).
+fn secrets_on_the_command_line(args: &[String]) -> Vec<&'static str> {
+    let mut found = Vec::new();
+    let mut args = args.iter().peekable();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) => (flag, Some(value.to_owned())),
+            None => (arg.as_str(), None),
+        };
+        let flag = match flag {
+            "--api-key" => "--api-key",
+            "--admin-token" => "--admin-token",
+            "--database-url" => "--database-url",
+            "--nats-url" => "--nats-url",
+            _ => continue,
+        };
+        let value = inline.or_else(|| args.peek().map(|v| v.to_string()));
+        let secret = match flag {
+            "--api-key" | "--admin-token" => true,
+            _ => value.is_some_and(|v| url_has_secret(&v)),
+        };
+        if secret && !found.contains(&flag) {
+            found.push(flag);
+        }
+    }
+    found
+}
+
+/// The settings of a `--config` file that hold a secret (names only, never values).
+fn secrets_in_config(text: &str) -> Vec<String> {
+    let Ok(table) = text.parse::<toml::Table>() else {
+        return Vec::new(); // the settings already refused it
+    };
+    table
+        .iter()
+        .filter(|(key, value)| match key.replace('_', "-").as_str() {
+            "api-key" | "admin-token" => true,
+            "database-url" | "nats-url" => value.as_str().is_some_and(url_has_secret),
+            _ => false,
+        })
+        .map(|(key, _)| key.clone())
+        .collect()
+}
+
+/// Warns at start where others can read a secret: on the command line, or in a config
+/// file every user may read. Starting anyway keeps a running deployment running.
+fn warn_about_exposed_secrets(config: Option<&Path>) {
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    for flag in secrets_on_the_command_line(&args) {
+        tracing::warn!(
+            flag,
+            "a secret on the command line shows in `ps` to every user of this host; use \
+             IDEM_API_KEYS / --api-keys-file, IDEM_ADMIN_TOKEN / --admin-token-file, or \
+             IDEM_DATABASE_URL / IDEM_NATS_URL instead"
+        );
+    }
+    #[cfg(unix)]
+    if let Some(path) = config {
+        use std::os::unix::fs::PermissionsExt;
+        let readable_by_all =
+            std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o004 != 0);
+        let secrets = std::fs::read_to_string(path)
+            .map(|text| secrets_in_config(&text))
+            .unwrap_or_default();
+        if readable_by_all && !secrets.is_empty() {
+            tracing::warn!(
+                file = %path.display(),
+                settings = ?secrets,
+                "the config file holds secrets and every user of this host can read it; \
+                 chmod o-r it, or move them to --api-keys-file / --admin-token-file"
+            );
+        }
+    }
 }
 
 fn api_keys(args: &ServeArgs) -> Result<Vec<ApiKey>, StoreError> {
@@ -212,6 +300,7 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
     }
     // Validate the retention policy before binding: a bad policy is a start-up error.
     idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
+    warn_about_exposed_secrets(args.config.as_deref());
     let shutdown = crate::signal::shutdown()?;
     let tuning = args.tuning.clone();
     let nats = args.nats_url.as_ref().map(|url| idem_orders::NatsOptions {
@@ -236,6 +325,8 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
                 shutdown_grace: args.shutdown_grace,
             },
             metrics_listen: args.metrics_listen,
+            trusted_proxies: idem_orders::TrustedProxies::new(args.trusted_proxies),
+            console_secure_cookie: args.console_secure_cookie,
             nats,
             legacy_route: tuning.legacy_route,
             in_progress_wait: tuning.in_progress_wait,
@@ -315,4 +406,33 @@ pub async fn demo_incident(url: Option<String>, json: bool) -> Result<ExitCode, 
         println!("{}", report.render_text());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_in_sight_are_named_never_shown() {
+        let args: Vec<String> = [
+            "serve",
+            "--admin-token-file",
+            "/etc/idem/admin",
+            "--api-key=t=secret-1234",
+            "--database-url",
+            "postgres://idem:pw@db/idem",
+            "--nats-url=nats://nats.internal:4222",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            secrets_on_the_command_line(&args),
+            ["--api-key", "--database-url"]
+        );
+        let file = "admin_token = \"x\"\nadmin-token-file = \"/p\"\n\
+                    database-url = \"postgres://idem@db/idem?password=pw\"\n\
+                    nats-url = \"nats://n:4222\"\n";
+        assert_eq!(secrets_in_config(file), ["admin_token", "database-url"]);
+        assert!(secrets_in_config("listen = \"0.0.0.0:80\"\n").is_empty());
+    }
 }

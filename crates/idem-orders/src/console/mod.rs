@@ -3,7 +3,8 @@
 //! search, reconciliation, freeze switches, leases, overview, audit).
 //!
 //! Owns access and the console's own evidence: the login (the admin token, checked in
-//! constant time, failures throttled), sessions (an HttpOnly, SameSite=Strict cookie;
+//! constant time before anything else, failures throttled per client address and in
+//! all), sessions (an HttpOnly, SameSite=Strict cookie;
 //! the database keeps only its SHA-256, the expiry and the session's CSRF token),
 //! the CSRF check of every state-changing form (the session's token, plus `Origin` /
 //! `Sec-Fetch-Site` refusing cross-site posts), and the audit of every action (who,
@@ -41,6 +42,7 @@ use crate::api::AppState;
 use crate::arrivals::ArrivalLog;
 use crate::db::sql;
 use crate::error::Error;
+use crate::forwarded::TrustedProxies;
 use crate::ledgers::{new_id, now_ms};
 
 pub(crate) use html::Viewer;
@@ -49,8 +51,8 @@ pub(crate) use html::Viewer;
 pub const COOKIE_NAME: &str = "idem_console";
 /// How long a console session lasts after login.
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
-/// Failed logins allowed per minute from one address; more answer 429 (without looking
-/// at the token) until the minute has passed.
+/// Failed logins allowed per minute from one address; more failures answer 429 until
+/// the minute has passed (a correct token still logs in).
 const LOGIN_FAILURES_PER_MINUTE: usize = 10;
 /// Failed logins allowed per minute from all addresses together (a backstop against
 /// guessing from many addresses).
@@ -68,8 +70,10 @@ pub(crate) struct ConsoleState {
     pub(crate) archive: Arc<dyn ArchiveLookup>,
     pub(crate) arrivals: Option<ArrivalLog>,
     pub(crate) rates: Rates,
-    /// The cookie gets `Secure` (the server speaks HTTPS).
+    /// The cookie gets `Secure` (the server speaks HTTPS, or a proxy in front does).
     pub(crate) secure_cookie: bool,
+    /// Whose `X-Forwarded-For` names the client of a login.
+    proxies: TrustedProxies,
     failures: Mutex<Failures>,
 }
 
@@ -93,6 +97,7 @@ impl ConsoleState {
         arrivals: Option<ArrivalLog>,
         metrics: IdempotencyMetrics,
         secure_cookie: bool,
+        proxies: TrustedProxies,
     ) -> Self {
         Self {
             leases,
@@ -100,14 +105,18 @@ impl ConsoleState {
             arrivals,
             rates: Rates::new(metrics),
             secure_cookie,
+            proxies,
             failures: Mutex::new(Failures::default()),
         }
     }
 
-    /// `false` when `from` (or everyone together) used up the minute's failed logins.
-    fn login_allowed(&self, from: Option<IpAddr>) -> bool {
+    /// Counts a failed login from `from`, or answers `false` (counting nothing) when
+    /// `from`, or everyone together, used up the minute's failed logins. One lock for
+    /// both: concurrent failures cannot slip past the limit between look and count.
+    fn count_failure(&self, from: Option<IpAddr>) -> bool {
         let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let minute_ago = Instant::now() - Duration::from_secs(60);
+        let now = Instant::now();
+        let minute_ago = now - Duration::from_secs(60);
         forget_before(&mut f.all, minute_ago);
         if f.by_address.len() > FAILING_ADDRESSES {
             f.by_address.retain(|_, q| {
@@ -121,17 +130,14 @@ impl ConsoleState {
                 forget_before(q, minute_ago);
                 q.len()
             });
-        mine < LOGIN_FAILURES_PER_MINUTE && f.all.len() < LOGIN_FAILURES_PER_MINUTE_ALL
-    }
-
-    /// Counts a failed login from `from`.
-    fn login_failed(&self, from: Option<IpAddr>) {
-        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
+        if mine >= LOGIN_FAILURES_PER_MINUTE || f.all.len() >= LOGIN_FAILURES_PER_MINUTE_ALL {
+            return false;
+        }
         f.all.push_back(now);
         if let Some(ip) = from {
             f.by_address.entry(ip).or_default().push_back(now);
         }
+        true
     }
 }
 
@@ -547,7 +553,15 @@ pub(crate) async fn audit(
     reason: Option<&str>,
     outcome: &str,
 ) {
-    tracing::info!(operator, action, target, reason, outcome, "console action");
+    // Free text is logged quoted: it cannot pass for a log line of its own.
+    tracing::info!(
+        operator = ?operator,
+        action,
+        target = ?target,
+        reason = reason.map(tracing::field::debug),
+        outcome,
+        "console action"
+    );
     let written = async {
         let mut conn = state.orders.database().acquire().await?;
         conn.conn()
@@ -612,9 +626,11 @@ async fn login_page(State(state): State<AppState>) -> Response {
 async fn login(
     State(state): State<AppState>,
     peer: Option<axum::Extension<axum::extract::ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let from = peer.map(|axum::Extension(axum::extract::ConnectInfo(a))| a.ip());
+    let peer = peer.map(|axum::Extension(axum::extract::ConnectInfo(a))| a.ip());
+    let from = peer.map(|ip| state.console.proxies.client(ip, &headers));
     let Some(expected) = state.admin_token.clone() else {
         return disabled();
     };
@@ -625,27 +641,26 @@ async fn login(
             html::page("Log in", None, "", &login_form(Some(message))),
         )
     };
-    if !state.console.login_allowed(from) {
-        return again(
-            StatusCode::TOO_MANY_REQUESTS,
-            "Too many failed logins in the last minute; wait a minute and try again.",
-        );
-    }
-    let operator = form.value("operator").unwrap_or("");
-    if operator.is_empty()
-        || operator.chars().count() > MAX_OPERATOR
-        || operator.chars().any(char::is_control)
-    {
-        return again(
-            StatusCode::BAD_REQUEST,
-            "Give your name (at most 64 characters): it is recorded with your actions.",
-        );
-    }
+    // The token first, whatever the throttle says: failures from anyone else (a flood
+    // through the same proxy) cannot lock out the holder of the token. The comparison
+    // is constant-time, so this tells nothing about the token; the throttle limits the
+    // noise of failures, and the token's length is what stops guessing.
     let token = form.get("token").unwrap_or("");
     if !idem_http::auth::same_secret(token.as_bytes(), expected.as_bytes()) {
-        state.console.login_failed(from);
+        if !state.console.count_failure(from) {
+            return again(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many failed logins in the last minute; wait a minute and try again.",
+            );
+        }
         // Not the typed name: a token pasted into the wrong field must not be kept.
-        let source = from.map_or_else(|| "unknown address".to_owned(), |ip| ip.to_string());
+        let source = match (from, peer) {
+            (Some(client), Some(peer)) if client != peer.to_canonical() => {
+                format!("{client} via {peer}")
+            }
+            (Some(client), _) => client.to_string(),
+            (None, _) => "unknown address".to_owned(),
+        };
         audit(
             &state,
             "(refused login)",
@@ -658,6 +673,16 @@ async fn login(
         return again(
             StatusCode::UNAUTHORIZED,
             "The admin token was not accepted.",
+        );
+    }
+    let operator = form.value("operator").unwrap_or("");
+    if operator.is_empty()
+        || operator.chars().count() > MAX_OPERATOR
+        || operator.chars().any(char::is_control)
+    {
+        return again(
+            StatusCode::BAD_REQUEST,
+            "Give your name (at most 64 characters): it is recorded with your actions.",
         );
     }
     let cookie = random_token();
@@ -726,11 +751,15 @@ async fn logout(State(state): State<AppState>, op: Operator, body: Bytes) -> Res
     }
     audit(&state, &op.name, "logout", "console", None, "ok").await;
     let mut response = redirect("/console/login");
-    response.headers_mut().insert(
-        SET_COOKIE,
-        HeaderValue::from_static(
-            "idem_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
-        ),
-    );
+    // `Secure` as when it was set: a browser keeps a secure cookie from being
+    // overwritten by one without.
+    let gone = if state.console.secure_cookie {
+        "idem_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0; Secure"
+    } else {
+        "idem_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0"
+    };
+    response
+        .headers_mut()
+        .insert(SET_COOKIE, HeaderValue::from_static(gone));
     response
 }

@@ -555,10 +555,16 @@ async fn advance(
 
 /// Names (user, show, session) are 1 to 128 characters without control characters.
 fn check_name(field: &'static str, value: &str) -> Result<(), OrderError> {
-    if value.is_empty() || value.len() > 128 || value.chars().any(char::is_control) {
+    check_text(field, value, 128)
+}
+
+/// Text a caller chooses that reaches the log, the database and the console: 1 to `max`
+/// bytes without control characters (a newline in a log line would start a forged one).
+pub(crate) fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), OrderError> {
+    if value.is_empty() || value.len() > max || value.chars().any(char::is_control) {
         return Err(OrderError::InvalidField {
             field,
-            reason: "must be 1 to 128 characters without control characters".into(),
+            reason: format!("must be 1 to {max} characters without control characters"),
         });
     }
     Ok(())

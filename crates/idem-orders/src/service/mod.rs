@@ -39,7 +39,7 @@ mod leases;
 mod queries;
 
 pub use commands::NewOrder;
-pub(crate) use commands::{Created, PayAnswer, Unit};
+pub(crate) use commands::{check_text, Created, PayAnswer, Unit};
 pub use consumers::Handled;
 pub(crate) use faults::FaultState;
 pub use faults::{FaultHook, Faults, SlowCreate};
