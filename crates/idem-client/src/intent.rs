@@ -21,7 +21,9 @@ use crate::{IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 /// How the key is written into `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KeyForm {
-    /// `Idempotency-Key: k-1`, what most servers expect.
+    /// `Idempotency-Key: k-1`, what most servers expect. A key that starts with `"` is
+    /// still sent as a structured-field string: idem's servers read the two forms as one
+    /// key, and the token form of such a key would read as another.
     #[default]
     Token,
     /// `Idempotency-Key: "k-1"`, the IETF draft's structured-field string.
@@ -163,12 +165,15 @@ impl Intent {
     }
 
     fn key_header(&self) -> HeaderValue {
-        let text = match self.client.key_form {
-            KeyForm::Token => self.key.as_str().to_owned(),
-            KeyForm::StructuredString => {
-                let escaped = self.key.as_str().replace('\\', "\\\\").replace('"', "\\\"");
-                format!("\"{escaped}\"")
-            }
+        // Servers read a value that starts with `"` as a structured-field string, so a
+        // key that starts with one goes quoted, or it would name another key (or none).
+        let quote =
+            self.client.key_form == KeyForm::StructuredString || self.key.as_str().starts_with('"');
+        let text = if quote {
+            let escaped = self.key.as_str().replace('\\', "\\\\").replace('"', "\\\"");
+            format!("\"{escaped}\"")
+        } else {
+            self.key.as_str().to_owned()
         };
         HeaderValue::from_str(&text).expect("keys are visible ASCII")
     }
@@ -376,5 +381,38 @@ mod tests {
             IdempotentClient::new(reqwest::Client::new()).with_key_form(KeyForm::StructuredString);
         let i = client.post("http://x").business_key("a\"b\\c").unwrap();
         assert_eq!(i.key_header(), "\"a\\\"b\\\\c\"");
+    }
+
+    #[test]
+    fn both_forms_read_back_as_the_key_the_client_holds() {
+        for form in [KeyForm::Token, KeyForm::StructuredString] {
+            let client = IdempotentClient::new(reqwest::Client::new()).with_key_form(form);
+            for key in [
+                "k",
+                "pay:order-7318",
+                "a\"b\\c",
+                "\"k\"",
+                "\"",
+                "\"abc",
+                "\\",
+            ] {
+                let intent = client.post("http://x").business_key(key).unwrap();
+                let mut headers = HeaderMap::new();
+                headers.insert(crate::IDEMPOTENCY_KEY, intent.key_header());
+                let read = idem_core::read_key(&headers)
+                    .unwrap_or_else(|e| panic!("{form:?} {key:?}: {e}"));
+                assert_eq!(read.as_str(), key, "{form:?}");
+            }
+        }
+        // Plain keys keep the token form most servers expect.
+        let token = IdempotentClient::new(reqwest::Client::new());
+        assert_eq!(
+            token
+                .post("http://x")
+                .business_key("k")
+                .unwrap()
+                .key_header(),
+            "k"
+        );
     }
 }

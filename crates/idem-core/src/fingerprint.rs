@@ -6,14 +6,29 @@
 //! [`canonical_path`] and [`canonical_query`] are the one definition of "the same target"
 //! that the HTTP layer and the gateway share.
 //!
-//! JSON bodies are canonicalised per RFC 8785 (JCS), so key order and whitespace never
-//! change a fingerprint. Configured fields (client timestamps, say) can be left out.
-//! Bodies that are not JSON are hashed as bytes.
+//! JSON bodies are canonicalised in the manner of RFC 8785 (JCS): members sorted by the
+//! UTF-16 code units of their names, no whitespace, strings unescaped and written again
+//! the one JCS way (`"\u0041"` is `"A"`). So member order, whitespace and string escapes
+//! never change a fingerprint. Unlike JCS, numbers keep their exact text: nothing goes
+//! through a 64-bit float, so `9007199254740993` and `9007199254740992` (a 64-bit id one
+//! apart) are two requests, and `1e400` or `123456789012345678901234567890.5` hash as
+//! sent. Two spellings of one value (`1.0` and `1`, `1e2` and `100`, `-0` and `0`) are
+//! two fingerprints too: a retry sends the same bytes, and no rewriting can then merge
+//! texts a service reads differently. Configured fields (client timestamps, say) can be
+//! left out.
+//!
+//! An object that names a member twice (`{"q":1,"q":5}`, at any depth, escapes decoded)
+//! is refused ([`BodyError::DuplicateMember`]): services differ on which one counts, so
+//! no fingerprint could stand for what is executed.
+//!
+//! Bodies that are not JSON are hashed as bytes: those declared with another media type,
+//! and those that do not parse (not UTF-8, not the RFC 8259 grammar, nested deeper than
+//! 128), even when declared JSON; the service then answers those itself.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// A SHA-256 request digest.
@@ -79,6 +94,28 @@ pub enum FingerprintError {
     BadHex,
 }
 
+/// Why a request body cannot be fingerprinted; the request is refused, not executed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BodyError {
+    /// An object in the JSON body names one member twice; `pointer` (RFC 6901, names
+    /// decoded) leads to it. It holds the client's text, so it may be long.
+    #[error(
+        "the JSON body names the member {} more than once in one object; services differ \
+         on which one counts, so send each member once",
+        short(pointer)
+    )]
+    DuplicateMember { pointer: String },
+}
+
+/// At most 64 characters of `s`, for a message: member names may be long.
+fn short(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((end, _)) => format!("{:?}…", &s[..end]),
+        None => format!("{s:?}"),
+    }
+}
+
 /// The parts of a request that make up its identity.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestParts<'a> {
@@ -124,7 +161,23 @@ impl Fingerprinter {
         self
     }
 
+    /// The request's fingerprint, or why its body is refused. Callers answering requests
+    /// use this one and refuse the request on an error.
+    pub fn try_fingerprint(&self, req: &RequestParts<'_>) -> Result<Fingerprint, BodyError> {
+        let canonical = self.canonical_json(req.content_type, req.body)?;
+        Ok(self.digest(req, canonical.as_deref()))
+    }
+
+    /// The request's fingerprint. A body [`Fingerprinter::try_fingerprint`] refuses is
+    /// hashed as bytes here, which never equals another text's digest.
     pub fn fingerprint(&self, req: &RequestParts<'_>) -> Fingerprint {
+        let canonical = self
+            .canonical_json(req.content_type, req.body)
+            .unwrap_or(None);
+        self.digest(req, canonical.as_deref())
+    }
+
+    fn digest(&self, req: &RequestParts<'_>, canonical: Option<&str>) -> Fingerprint {
         let mut h = Sha256::new();
         // Length-prefixed fields: no two different requests share an encoding.
         let mut field = |tag: &[u8], bytes: &[u8]| {
@@ -133,7 +186,8 @@ impl Fingerprinter {
             h.update(bytes);
         };
         // v2: the concrete path and canonical query replaced the route template, so a
-        // v1 digest never equals a v2 one.
+        // v1 digest never equals a v2 one. Exact numbers kept v2: bodies whose numbers
+        // JCS already wrote as sent keep their digest, so their retries still replay.
         field(b"v2", b"idem-fingerprint");
         field(b"m", req.method.to_ascii_uppercase().as_bytes());
         field(b"u", canonical_path(req.path).as_bytes());
@@ -150,25 +204,32 @@ impl Fingerprinter {
             field(b"hn", n.as_bytes());
             field(b"hv", v.trim().as_bytes());
         }
-        match self.canonical_json(req.content_type, req.body) {
+        match canonical {
             Some(canonical) => field(b"bj", canonical.as_bytes()),
             None => field(b"bb", req.body),
         }
         Fingerprint(h.finalize().into())
     }
 
-    /// The canonical form of a JSON body with omitted fields removed, or `None` when the
-    /// body is not JSON.
-    pub fn canonical_json(&self, content_type: Option<&str>, body: &[u8]) -> Option<String> {
+    /// The canonical form of a JSON body with omitted fields removed; `Ok(None)` when the
+    /// body is hashed as bytes: empty, declared with a media type that is not JSON, or
+    /// not JSON at all. A body without a content type that parses as JSON is JSON.
+    pub fn canonical_json(
+        &self,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> Result<Option<String>, BodyError> {
         let declared_json = content_type.map(is_json_media_type);
         if declared_json == Some(false) || body.is_empty() {
-            return None;
+            return Ok(None);
         }
-        let mut value: Value = serde_json::from_slice(body).ok()?;
-        for path in &self.omit_fields {
-            remove_path(&mut value, path);
-        }
-        Some(canonicalize(&value))
+        let paths: Vec<Vec<&str>> = self
+            .omit_fields
+            .iter()
+            .map(|p| p.split('.').collect())
+            .collect();
+        let omit: Vec<&[&str]> = paths.iter().map(Vec::as_slice).collect();
+        canonical_text(body, &omit)
     }
 }
 
@@ -304,117 +365,408 @@ fn is_json_media_type(ct: &str) -> bool {
     essence == "application/json" || essence.ends_with("+json")
 }
 
-fn remove_path(value: &mut Value, path: &str) {
-    let mut parts = path.split('.').peekable();
-    let mut cur = value;
-    while let Some(part) = parts.next() {
-        let Value::Object(map) = cur else { return };
-        if parts.peek().is_none() {
-            map.remove(part);
-            return;
-        }
-        match map.get_mut(part) {
-            Some(next) => cur = next,
-            None => return,
-        }
+/// The canonical JSON text of `json` (see the module docs), or `Ok(None)` when it is not
+/// JSON: not UTF-8, not the RFC 8259 grammar, or nested deeper than 128 arrays and objects.
+pub fn canonicalize(json: &[u8]) -> Result<Option<String>, BodyError> {
+    canonical_text(json, &[])
+}
+
+fn canonical_text(json: &[u8], omit: &[&[&str]]) -> Result<Option<String>, BodyError> {
+    let Ok(text) = std::str::from_utf8(json) else {
+        return Ok(None);
+    };
+    let mut parser = Parser {
+        text,
+        bytes: text.as_bytes(),
+        pos: 0,
+        depth: 0,
+        path: Vec::new(),
+        duplicate: None,
+    };
+    let mut out = String::with_capacity(text.len());
+    let parsed = parser
+        .whitespace()
+        .and_then(|()| parser.value(&mut out, omit))
+        .and_then(|()| parser.whitespace());
+    if parsed.is_err() || parser.pos != parser.bytes.len() {
+        return Ok(None);
+    }
+    // Refused only once the whole text is known to be JSON: invalid text stays bytes.
+    match parser.duplicate {
+        Some(pointer) => Err(BodyError::DuplicateMember { pointer }),
+        None => Ok(Some(out)),
     }
 }
 
-/// RFC 8785 canonical JSON text.
-pub fn canonicalize(value: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
+/// How deep arrays and objects may nest (serde_json's limit): deeper text is not JSON here.
+const MAX_DEPTH: usize = 128;
+
+/// The text is not JSON.
+struct Invalid;
+
+/// A step from a container to one of its values, for naming where a duplicate is.
+enum Step<'a> {
+    /// A member name as written, escapes and all: decoded only for an error.
+    Member(&'a str),
+    Index(usize),
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                write_number(i as f64, Some(i.to_string()), out)
-            } else if let Some(u) = n.as_u64() {
-                write_number(u as f64, Some(u.to_string()), out)
-            } else {
-                write_number(n.as_f64().unwrap_or(0.0), None, out)
+/// A validating RFC 8259 parser that writes the canonical text as it reads.
+struct Parser<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+    depth: usize,
+    path: Vec<Step<'a>>,
+    /// JSON Pointer of the first member name seen twice.
+    duplicate: Option<String>,
+}
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn whitespace(&mut self) -> Result<(), Invalid> {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+        Ok(())
+    }
+
+    fn expect(&mut self, b: u8) -> Result<(), Invalid> {
+        if self.peek() == Some(b) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            Err(Invalid)
+        }
+    }
+
+    /// One value; `omit` holds the rest of each omitted path that reaches it.
+    fn value(&mut self, out: &mut String, omit: &[&[&str]]) -> Result<(), Invalid> {
+        match self.peek().ok_or(Invalid)? {
+            b'{' => self.object(out, omit),
+            b'[' => self.array(out),
+            b'"' => {
+                let (_, s) = self.string()?;
+                push_string(&s, out);
+                Ok(())
+            }
+            b't' => self.literal("true", out),
+            b'f' => self.literal("false", out),
+            b'n' => self.literal("null", out),
+            _ => self.number(out),
+        }
+    }
+
+    fn literal(&mut self, word: &str, out: &mut String) -> Result<(), Invalid> {
+        if self.bytes[self.pos..].starts_with(word.as_bytes()) {
+            self.pos += word.len();
+            out.push_str(word);
+            Ok(())
+        } else {
+            Err(Invalid)
+        }
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, written as sent: any
+    /// rewriting (through a double, or to a shortest form) would let two texts a service
+    /// may read differently share a fingerprint.
+    fn number(&mut self, out: &mut String) -> Result<(), Invalid> {
+        let start = self.pos;
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => self.digits(),
+            _ => return Err(Invalid),
+        }
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            self.one_or_more_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            self.one_or_more_digits()?;
+        }
+        out.push_str(&self.text[start..self.pos]);
+        Ok(())
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn one_or_more_digits(&mut self) -> Result<(), Invalid> {
+        let start = self.pos;
+        self.digits();
+        if self.pos == start {
+            Err(Invalid)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A string: its text as written (between the quotes) and its value.
+    fn string(&mut self) -> Result<(&'a str, Cow<'a, str>), Invalid> {
+        self.expect(b'"')?;
+        let start = self.pos;
+        let mut decoded: Option<String> = None;
+        loop {
+            let b = self.peek().ok_or(Invalid)?;
+            match b {
+                b'"' => {
+                    let raw = &self.text[start..self.pos];
+                    self.pos += 1;
+                    let value = decoded.map_or(Cow::Borrowed(raw), Cow::Owned);
+                    return Ok((raw, value));
+                }
+                b'\\' => {
+                    let s = decoded.get_or_insert_with(|| self.text[start..self.pos].to_owned());
+                    self.pos += 1;
+                    let c = match self.peek().ok_or(Invalid)? {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => {
+                            self.pos += 1;
+                            let c = self.unicode_escape()?;
+                            s.push(c);
+                            continue;
+                        }
+                        _ => return Err(Invalid),
+                    };
+                    self.pos += 1;
+                    s.push(c);
+                }
+                0x00..=0x1f => return Err(Invalid),
+                _ => {
+                    // Whole characters: the text is UTF-8, and `"`, `\` and controls are
+                    // ASCII, so a run up to the next one ends on a character boundary.
+                    let run = self.bytes[self.pos..]
+                        .iter()
+                        .position(|b| matches!(b, b'"' | b'\\' | 0x00..=0x1f))
+                        .map_or(self.bytes.len(), |n| self.pos + n);
+                    if let Some(s) = decoded.as_mut() {
+                        s.push_str(&self.text[self.pos..run]);
+                    }
+                    self.pos = run;
+                }
             }
         }
-        // serde_json escapes exactly as JCS requires: \" \\ \b \f \n \r \t, other
-        // controls as lowercase \u00xx, everything else verbatim.
-        Value::String(s) => out.push_str(&serde_json::to_string(s).unwrap_or_default()),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
+    }
+
+    /// The character of `\uXXXX` (the `\u` read), with its low surrogate if it is a high
+    /// one. A lone surrogate is no character: such text is not JSON here, as in serde_json.
+    fn unicode_escape(&mut self) -> Result<char, Invalid> {
+        let hi = self.hex4()?;
+        let code = match hi {
+            0xd800..=0xdbff => {
+                if !self.bytes[self.pos..].starts_with(b"\\u") {
+                    return Err(Invalid);
+                }
+                self.pos += 2;
+                let lo = self.hex4()?;
+                if !(0xdc00..=0xdfff).contains(&lo) {
+                    return Err(Invalid);
+                }
+                0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00)
+            }
+            0xdc00..=0xdfff => return Err(Invalid),
+            _ => hi,
+        };
+        char::from_u32(code).ok_or(Invalid)
+    }
+
+    fn hex4(&mut self) -> Result<u32, Invalid> {
+        let digits = self.bytes.get(self.pos..self.pos + 4).ok_or(Invalid)?;
+        let mut v = 0u32;
+        for d in digits {
+            v = v << 4 | u32::from(hex_value(*d).ok_or(Invalid)?);
+        }
+        self.pos += 4;
+        Ok(v)
+    }
+
+    fn enter(&mut self) -> Result<(), Invalid> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            Err(Invalid)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn array(&mut self, out: &mut String) -> Result<(), Invalid> {
+        self.expect(b'[')?;
+        self.enter()?;
+        out.push('[');
+        self.whitespace()?;
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+        } else {
+            for index in 0.. {
+                if index > 0 {
                     out.push(',');
                 }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            // JCS orders members by UTF-16 code units.
-            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
+                self.path.push(Step::Index(index));
+                // Omitted paths name object members only: they stop at an array.
+                self.value(out, &[])?;
+                self.path.pop();
+                self.whitespace()?;
+                match self.peek() {
+                    Some(b',') => {
+                        self.pos += 1;
+                        self.whitespace()?;
+                    }
+                    Some(b']') => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return Err(Invalid),
                 }
-                out.push_str(&serde_json::to_string(k).unwrap_or_default());
-                out.push(':');
-                write_canonical(&map[*k], out);
             }
-            out.push('}');
         }
+        out.push(']');
+        self.depth -= 1;
+        Ok(())
+    }
+
+    fn object(&mut self, out: &mut String, omit: &[&[&str]]) -> Result<(), Invalid> {
+        self.expect(b'{')?;
+        self.enter()?;
+        // (name as written, name, canonical value; `None` when the member is omitted)
+        let mut members: Vec<(&'a str, Cow<'a, str>, Option<String>)> = Vec::new();
+        self.whitespace()?;
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+        } else {
+            loop {
+                let (raw, name) = self.string()?;
+                self.whitespace()?;
+                self.expect(b':')?;
+                self.whitespace()?;
+                let omitted = omit.iter().any(|p| p.len() == 1 && p[0] == name);
+                let below: Vec<&[&str]> = omit
+                    .iter()
+                    .filter(|p| p.len() > 1 && p[0] == name)
+                    .map(|p| &p[1..])
+                    .collect();
+                let mut value = String::new();
+                self.path.push(Step::Member(raw));
+                // An omitted value is still read: it must be JSON and is checked for
+                // duplicates like the rest.
+                self.value(&mut value, &below)?;
+                self.path.pop();
+                members.push((raw, name, (!omitted).then_some(value)));
+                self.whitespace()?;
+                match self.peek() {
+                    Some(b',') => {
+                        self.pos += 1;
+                        self.whitespace()?;
+                    }
+                    Some(b'}') => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return Err(Invalid),
+                }
+            }
+        }
+        // RFC 8785 §3.2.3: members sorted by the UTF-16 code units of their names.
+        members.sort_by(|a, b| a.1.encode_utf16().cmp(b.1.encode_utf16()));
+        if self.duplicate.is_none() {
+            if let Some(pair) = members.windows(2).find(|w| w[0].1 == w[1].1) {
+                self.duplicate = Some(self.pointer(pair[1].0));
+            }
+        }
+        out.push('{');
+        let mut first = true;
+        for (_, name, value) in &members {
+            let Some(value) = value else { continue };
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            push_string(name, out);
+            out.push(':');
+            out.push_str(value);
+        }
+        out.push('}');
+        self.depth -= 1;
+        Ok(())
+    }
+
+    /// RFC 6901 JSON Pointer of member `raw` of the current object.
+    fn pointer(&self, raw: &str) -> String {
+        let mut pointer = String::new();
+        let last = Step::Member(raw);
+        for step in self.path.iter().chain(std::iter::once(&last)) {
+            pointer.push('/');
+            match step {
+                Step::Index(i) => pointer.push_str(&i.to_string()),
+                Step::Member(raw) => {
+                    pointer.push_str(&decode(raw).replace('~', "~0").replace('/', "~1"))
+                }
+            }
+        }
+        pointer
     }
 }
 
-/// ECMAScript Number-to-String, as JCS requires. Integers that fit exactly in an f64
-/// keep their decimal text; larger ones go through the double like JavaScript does.
-fn write_number(f: f64, exact_int: Option<String>, out: &mut String) {
-    if let Some(text) = exact_int {
-        if f.abs() < 9_007_199_254_740_992.0 {
-            out.push_str(&text);
-            return;
+/// The value of a string already read, given as written between its quotes.
+fn decode(raw: &str) -> String {
+    let quoted = format!("\"{raw}\"");
+    let mut parser = Parser {
+        text: &quoted,
+        bytes: quoted.as_bytes(),
+        pos: 0,
+        depth: 0,
+        path: Vec::new(),
+        duplicate: None,
+    };
+    parser
+        .string()
+        .map(|(_, s)| s.into_owned())
+        .unwrap_or_default()
+}
+
+/// A string as RFC 8785 writes it: `\"`, `\\`, `\b \f \n \r \t`, other controls as
+/// lowercase `\u00xx`, everything else as itself.
+fn push_string(s: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{0}'..='\u{1f}' => {
+                let b = c as u8;
+                out.push_str("\\u00");
+                out.push(HEX[usize::from(b >> 4)] as char);
+                out.push(HEX[usize::from(b & 0xf)] as char);
+            }
+            c => out.push(c),
         }
     }
-    if f == 0.0 {
-        out.push('0');
-        return;
-    }
-    // Shortest round-trip digits and exponent from Rust's `{:e}`.
-    let sci = format!("{:e}", f.abs());
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let k = digits.len() as i32;
-    let n = exp + 1; // position of the decimal point relative to the digits
-    if f < 0.0 {
-        out.push('-');
-    }
-    if k <= n && n <= 21 {
-        out.push_str(&digits);
-        out.extend(std::iter::repeat_n('0', (n - k) as usize));
-    } else if 0 < n && n <= 21 {
-        out.push_str(&digits[..n as usize]);
-        out.push('.');
-        out.push_str(&digits[n as usize..]);
-    } else if -6 < n && n <= 0 {
-        out.push_str("0.");
-        out.extend(std::iter::repeat_n('0', (-n) as usize));
-        out.push_str(&digits);
-    } else {
-        out.push_str(&digits[..1]);
-        if k > 1 {
-            out.push('.');
-            out.push_str(&digits[1..]);
-        }
-        out.push('e');
-        out.push(if n > 0 { '+' } else { '-' });
-        out.push_str(&(n - 1).abs().to_string());
-    }
+    out.push('"');
 }
 
 #[cfg(test)]
@@ -422,7 +774,9 @@ mod tests {
     use super::*;
 
     fn canon(json: &str) -> String {
-        canonicalize(&serde_json::from_str(json).unwrap())
+        canonicalize(json.as_bytes())
+            .unwrap()
+            .unwrap_or_else(|| panic!("not JSON: {json}"))
     }
 
     #[test]
@@ -432,14 +786,8 @@ mod tests {
                 r#"{"b":1, "a":[true,null,"x"]}"#,
                 r#"{"a":[true,null,"x"],"b":1}"#,
             ),
-            ("1e21", "1e+21"),
-            ("1E-7", "1e-7"),
             ("0.000001", "0.000001"),
             ("123456789012345680000", "123456789012345680000"),
-            ("-0.0", "0"),
-            ("4.50", "4.5"),
-            ("2e-3", "0.002"),
-            ("1.5e300", "1.5e+300"),
             ("100", "100"),
             (r#""\u20ac\n\u0001""#, "\"€\\n\\u0001\""),
             // UTF-16 ordering: U+10000 (surrogates D800..) sorts before U+FB33.
@@ -447,10 +795,174 @@ mod tests {
                 r#"{"\ufb33":1,"\ud800\udc00":2}"#,
                 "{\"\u{10000}\":2,\"\u{fb33}\":1}",
             ),
+            (" [ 1 , {} , [ ] , \"\" ] ", r#"[1,{},[],""]"#),
         ];
         for (input, want) in cases {
             assert_eq!(canon(input), want, "{input}");
         }
+    }
+
+    #[test]
+    fn numbers_keep_their_exact_text() {
+        // JCS would write these through a double (1e+21, 1e-7, 0, 4.5, 0.002, 1.5e+300);
+        // here each is its own value.
+        for n in [
+            "1e21",
+            "1E-7",
+            "-0.0",
+            "-0",
+            "4.50",
+            "2e-3",
+            "1.5e300",
+            "1.0",
+            "1",
+            "1e400",
+            "-1e-400",
+            "123456789012345678901234567890.5",
+            "9007199254740993",
+            "9007199254740992",
+            "18446744073709551617",
+            "-9223372036854775809",
+        ] {
+            assert_eq!(canon(n), n);
+            assert_eq!(
+                canon(&format!("{{ \"n\" : {n} }}")),
+                format!(r#"{{"n":{n}}}"#)
+            );
+        }
+        let fp = Fingerprinter::new();
+        let at = |body: &'static str| fp.try_fingerprint(&parts(body.as_bytes(), "u")).unwrap();
+        // One past 2^53: a double cannot tell these apart.
+        assert_ne!(
+            at(r#"{"amount":9007199254740993}"#),
+            at(r#"{"amount":9007199254740992}"#)
+        );
+        assert_ne!(at(r#"{"x":1.0}"#), at(r#"{"x":1}"#));
+        assert_ne!(at(r#"{"x":1e2}"#), at(r#"{"x":100}"#));
+        assert_eq!(
+            at(r#"{"b":[1e400],"a":123456789012345678901234567890.5}"#),
+            at("{ \"a\": 123456789012345678901234567890.5, \"b\": [ 1e400 ] }")
+        );
+    }
+
+    #[test]
+    fn strings_are_unescaped_and_escaped_one_way() {
+        assert_eq!(canon(r#""\u0041""#), r#""A""#);
+        assert_eq!(canon(r#""\/\"\\\b\f\n\r\t""#), r#""/\"\\\b\f\n\r\t""#);
+        assert_eq!(
+            canon(r#""\u001F\u007f\u00e9\u2028""#),
+            "\"\\u001f\u{7f}é\u{2028}\""
+        );
+        assert_eq!(canon(r#""\uD83D\uDE00""#), "\"😀\"");
+        assert_eq!(canon(r#"{"\u0071":"\u00e9"}"#), r#"{"q":"é"}"#);
+        let fp = Fingerprinter::new();
+        let at = |body: &'static str| fp.try_fingerprint(&parts(body.as_bytes(), "u")).unwrap();
+        assert_eq!(at(r#"{"k":"\u0041"}"#), at(r#"{"k":"A"}"#));
+        assert_ne!(at(r#"{"k":"a"}"#), at(r#"{"k":"A"}"#));
+    }
+
+    #[test]
+    fn text_that_is_not_json_is_not_canonicalised() {
+        for bad in [
+            "",
+            " ",
+            "{",
+            "[1,]",
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            "01",
+            "1.",
+            ".5",
+            "+1",
+            "1e",
+            "-",
+            "NaN",
+            "tru",
+            "nul",
+            "[1] 2",
+            "\u{feff}{}",
+            "\"\t\"",
+            r#""\x41""#,
+            r#""\u12""#,
+            r#""\ud800""#,
+            r#""\ud800\u0041""#,
+            r#""\udc00""#,
+            "// {}",
+        ] {
+            assert_eq!(canonicalize(bad.as_bytes()), Ok(None), "{bad:?}");
+        }
+        assert_eq!(canonicalize(b"\"\xff\""), Ok(None), "not UTF-8");
+        let deep = |n| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(canonicalize(deep(128).as_bytes()).unwrap().is_some());
+        assert_eq!(canonicalize(deep(129).as_bytes()), Ok(None));
+        assert_eq!(canonicalize(deep(100_000).as_bytes()), Ok(None));
+    }
+
+    #[test]
+    fn duplicate_member_names_are_refused_at_any_depth() {
+        let dup = |json: &str| match canonicalize(json.as_bytes()) {
+            Err(BodyError::DuplicateMember { pointer }) => pointer,
+            other => panic!("{json}: {other:?}"),
+        };
+        assert_eq!(dup(r#"{"q":1,"q":5}"#), "/q");
+        assert_eq!(dup(r#"{"q":1,"q":1}"#), "/q");
+        assert_eq!(dup(r#"{"q":1,"\u0071":5}"#), "/q", "escapes are decoded");
+        assert_eq!(dup(r#"{"a":{"b":[0,{"c":1,"c":2}]}}"#), "/a/b/1/c");
+        assert_eq!(dup(r#"[{"x/y~":1,"x/y~":2}]"#), "/0/x~1y~0");
+        // Distinct names that sort next to each other are not duplicates.
+        assert_eq!(canon(r#"{"q":1,"Q":2,"q ":3}"#), r#"{"Q":2,"q":1,"q ":3}"#);
+        // Invalid text stays invalid, duplicate or not: it is hashed as bytes.
+        assert_eq!(canonicalize(br#"{"q":1,"q":5"#), Ok(None));
+        assert_eq!(canonicalize(br#"{"q":1,"q":5}}"#), Ok(None));
+
+        let fp = Fingerprinter::new().omit_fields(["client_ts"]);
+        let refused = fp.try_fingerprint(&parts(br#"{"q":1,"q":5}"#, "u"));
+        assert!(
+            matches!(&refused, Err(BodyError::DuplicateMember { pointer }) if pointer == "/q"),
+            "{refused:?}"
+        );
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("\"/q\""), "{message}");
+        // An omitted member is read like the rest.
+        assert!(fp
+            .try_fingerprint(&parts(br#"{"q":1,"client_ts":1,"client_ts":2}"#, "u"))
+            .is_err());
+        // Without a content type a body that parses as JSON is JSON, and refused too.
+        let mut undeclared = parts(br#"{"q":1,"q":5}"#, "u");
+        undeclared.content_type = None;
+        assert!(fp.try_fingerprint(&undeclared).is_err());
+        // Another media type: bytes, whatever they hold.
+        let mut text = parts(br#"{"q":1,"q":5}"#, "u");
+        text.content_type = Some("text/plain");
+        assert!(fp.try_fingerprint(&text).is_ok());
+        // The infallible form hashes the refused body as bytes: apart from `{"q":5}`.
+        assert_ne!(
+            fp.fingerprint(&parts(br#"{"q":1,"q":5}"#, "u")),
+            fp.fingerprint(&parts(br#"{"q":5}"#, "u"))
+        );
+    }
+
+    #[test]
+    fn a_long_member_name_is_cut_short_in_the_message() {
+        let body = format!(r#"{{"{0}":1,"{0}":2}}"#, "n".repeat(10_000));
+        let e = canonicalize(body.as_bytes()).unwrap_err();
+        assert!(e.to_string().len() < 300, "{e}");
+    }
+
+    #[test]
+    fn invalid_json_declared_as_json_is_hashed_as_bytes() {
+        let fp = Fingerprinter::new();
+        let a = fp.try_fingerprint(&parts(b"{\"a\":1", "u")).unwrap();
+        let b = fp.try_fingerprint(&parts(b"{\"a\": 1", "u")).unwrap();
+        assert_ne!(a, b, "bytes, not a canonical form");
+        assert_eq!(
+            fp.canonical_json(Some("application/json"), b"{\"a\":1"),
+            Ok(None)
+        );
+        assert_eq!(
+            fp.canonical_json(Some("application/merge-patch+json"), b"{\"b\":1,\"a\":2}"),
+            Ok(Some(r#"{"a":2,"b":1}"#.to_owned()))
+        );
     }
 
     fn parts<'a>(body: &'a [u8], principal: &'a str) -> RequestParts<'a> {
@@ -524,6 +1036,21 @@ mod tests {
         ));
         assert_eq!(a, b);
         assert_ne!(a, c);
+        // Paths name object members from the root, never array elements or other depths.
+        let canonical = |body: &str| {
+            fp.canonical_json(Some("application/json"), body.as_bytes())
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(
+            canonical(
+                r#"{"meta":{"sent_at":1e400,"x":[{"sent_at":1}]},"client_ts":"t","x":{"client_ts":2}}"#
+            ),
+            r#"{"meta":{"x":[{"sent_at":1}]},"x":{"client_ts":2}}"#
+        );
+        assert_eq!(canonical(r#"[{"client_ts":1}]"#), r#"[{"client_ts":1}]"#);
+        assert_eq!(canonical(r#"{"meta":5}"#), r#"{"meta":5}"#);
+        assert_eq!(canonical(r#"{"client_ts":1}"#), "{}");
     }
 
     #[test]
@@ -623,6 +1150,18 @@ mod tests {
         assert_ne!(ab, target("/v1/search", None));
         // Length-prefixed fields: moving text between path and query changes the digest.
         assert_ne!(target("/v1/a", Some("b=1")), target("/v1/a%3Fb=1", None));
+    }
+
+    #[test]
+    fn bodies_whose_numbers_jcs_wrote_as_sent_keep_their_digest() {
+        // Pinned from the JCS-number form: such a key recorded before exact numbers
+        // still replays after them.
+        let fp = Fingerprinter::new();
+        let body = br#"{"user_id":"U-7318","show_id":"S-204","quantity":2,"price":19.99}"#;
+        assert_eq!(
+            fp.try_fingerprint(&parts(body, "u")).unwrap().to_hex(),
+            "025536a7148bcfd6997531c68e0c160693a7992b4f4f774d6b68be1056310399"
+        );
     }
 
     #[test]

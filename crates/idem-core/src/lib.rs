@@ -19,7 +19,9 @@ pub mod store;
 pub mod wire;
 
 pub use arrival::{Arrival, ArrivalDecision, ArrivalSink};
-pub use fingerprint::{canonical_path, canonical_query, Fingerprint, Fingerprinter, RequestParts};
+pub use fingerprint::{
+    canonical_path, canonical_query, BodyError, Fingerprint, Fingerprinter, RequestParts,
+};
 pub use key::{IdempotencyKey, Identity, KeyError, OwnerId, Principal, Scope, TenantId};
 pub use lease::{
     Acquire, Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,

@@ -28,6 +28,9 @@ pub enum ProblemKind {
     InvalidKey,
     /// 400: the request body could not be read.
     UnreadableBody,
+    /// 400: the JSON body names one member twice in an object; services differ on which
+    /// one counts, so no fingerprint could stand for what is executed.
+    DuplicateJsonMember,
     /// 401: authentication did not accept the request.
     Unauthenticated,
     /// 409: the first request with this key is still being processed.
@@ -90,10 +93,11 @@ impl ProblemKind {
     };
 
     /// The cases the server-side layer answers with.
-    pub const LAYER: [ProblemKind; 13] = [
+    pub const LAYER: [ProblemKind; 14] = [
         ProblemKind::MissingKey,
         ProblemKind::InvalidKey,
         ProblemKind::UnreadableBody,
+        ProblemKind::DuplicateJsonMember,
         ProblemKind::Unauthenticated,
         ProblemKind::RequestInProgress,
         ProblemKind::RequestTooLarge,
@@ -124,6 +128,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "missing-idempotency-key",
             ProblemKind::InvalidKey => "invalid-idempotency-key",
             ProblemKind::UnreadableBody => "unreadable-request-body",
+            ProblemKind::DuplicateJsonMember => "duplicate-json-member",
             ProblemKind::Unauthenticated => "unauthenticated",
             ProblemKind::RequestInProgress => "request-in-progress",
             ProblemKind::RequestTooLarge => "request-too-large",
@@ -154,6 +159,7 @@ impl ProblemKind {
             ProblemKind::MissingKey
             | ProblemKind::InvalidKey
             | ProblemKind::UnreadableBody
+            | ProblemKind::DuplicateJsonMember
             | ProblemKind::ConnectionNamesEndToEnd => StatusCode::BAD_REQUEST,
             ProblemKind::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProblemKind::RequestInProgress => StatusCode::CONFLICT,
@@ -181,6 +187,7 @@ impl ProblemKind {
             ProblemKind::MissingKey => "Idempotency-Key header required",
             ProblemKind::InvalidKey => "Idempotency-Key header is invalid",
             ProblemKind::UnreadableBody => "Request body could not be read",
+            ProblemKind::DuplicateJsonMember => "JSON body names a member twice",
             ProblemKind::Unauthenticated => "Authentication required",
             ProblemKind::RequestInProgress => "A request with this Idempotency-Key is in progress",
             ProblemKind::RequestTooLarge => "Request body too large",
@@ -336,6 +343,11 @@ mod tests {
         );
         assert_eq!(ProblemKind::KeyReused.status(), 422);
         assert_eq!(ProblemKind::RequestInProgress.status(), 409);
+        assert_eq!(
+            ProblemKind::DuplicateJsonMember.type_uri(),
+            "https://idem.dev/problems/duplicate-json-member"
+        );
+        assert_eq!(ProblemKind::DuplicateJsonMember.status(), 400);
         assert_eq!(
             ProblemKind::LAYER.len() + ProblemKind::GATEWAY.len(),
             ProblemKind::ALL.len()

@@ -621,7 +621,7 @@ async fn keyed_entry(
                 .filter_map(|(n, v)| Some((n.as_str(), v.to_str().ok()?)))
                 .collect()
         };
-        ctx.config.fingerprint.fingerprint(&RequestParts {
+        ctx.config.fingerprint.try_fingerprint(&RequestParts {
             method: parts.method.as_str(),
             path: parts.uri.path(),
             query: parts.uri.query(),
@@ -633,6 +633,15 @@ async fn keyed_entry(
             body: &body,
             headers: &chosen,
         })
+    };
+    let fingerprint = match fingerprint {
+        Ok(f) => f,
+        Err(e) => {
+            return ctx.problem(Problem::new(
+                ProblemKind::DuplicateJsonMember,
+                e.to_string(),
+            ))
+        }
     };
     ctx.prepare_headers(&mut parts.headers, Some(&identity), peer);
     let req = KeyedRequest {

@@ -2,8 +2,8 @@
 //! its fingerprint, then the store's answer — execute, replay, in progress (409 or wait),
 //! mismatch, or unavailable.
 //!
-//! Owns the order of the checks (authentication, key, body size, claim) and what each
-//! answer means for the layer; the claim-and-wait loop itself is
+//! Owns the order of the checks (authentication, key, body size, a body the fingerprint
+//! refuses, claim) and what each answer means for the layer; the claim-and-wait loop itself is
 //! [`crate::pipeline::claim`]. Nothing is recorded before the claim, and the handler is never called before
 //! a claim proceeded (except on routes configured to ignore keys, or to fail open when
 //! the store is down). Running the handler under a claim is [`crate::execute`].
@@ -16,7 +16,7 @@ use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{Request, Response, Uri};
 use idem_core::{
-    ClaimKind, ClaimRequest, Fingerprint, IdempotencyKey, KeyRule, RequestParts, Scope,
+    BodyError, ClaimKind, ClaimRequest, Fingerprint, IdempotencyKey, KeyRule, RequestParts, Scope,
 };
 use tower::Service;
 
@@ -136,7 +136,13 @@ where
             return problem.response();
         }
     };
-    let fingerprint = fingerprint(&shared, &parts, &uri, &identity, &body);
+    let fingerprint = match fingerprint(&shared, &parts, &uri, &identity, &body) {
+        Ok(fingerprint) => fingerprint,
+        Err(refused) => {
+            metrics.decision(Decision::DuplicateMember);
+            return Problem::new(ProblemKind::DuplicateJsonMember, refused.to_string()).response();
+        }
+    };
     let span = tracing::Span::current();
     span.record("tenant", identity.tenant.as_str());
     span.record("key", key.as_str());
@@ -349,7 +355,7 @@ fn fingerprint(
     uri: &Uri,
     identity: &Identity,
     body: &[u8],
-) -> Fingerprint {
+) -> Result<Fingerprint, BodyError> {
     let fingerprinter = &shared.config.fingerprint;
     let headers: Vec<(&str, &str)> = if fingerprinter.headers.is_empty() {
         Vec::new()
@@ -367,7 +373,7 @@ fn fingerprint(
             .collect()
     };
     // The concrete target, not the route template: a key binds one resource.
-    fingerprinter.fingerprint(&RequestParts {
+    fingerprinter.try_fingerprint(&RequestParts {
         method: parts.method.as_str(),
         path: uri.path(),
         query: uri.query(),

@@ -66,7 +66,10 @@
 //!
 //! The fingerprint covers the concrete path the client sent (`/v1/orders/42`, a nested
 //! router's prefix included), never the route template, so a key cannot be reused for
-//! another resource. Route rules ([`config::RouteRule`]) are patterns
+//! another resource. A JSON body counts by its canonical form (member order, whitespace
+//! and string escapes do not matter; numbers keep their exact text), and one that names
+//! a member twice is refused with 400 `duplicate-json-member` (see
+//! [`idem_core::fingerprint`]). Route rules ([`config::RouteRule`]) are patterns
 //! (`/v1/orders/{id}`) matched against that concrete path. Both `Router::layer` and
 //! `Router::route_layer` work: `route_layer` leaves unmatched paths alone (plain 404);
 //! `layer` also guards the fallback.

@@ -13,7 +13,7 @@
 //!
 //! The duplicate-key conflict rate the alert rules use:
 //! `sum(rate(idem_http_duplicate_key_conflicts_total[5m])) /
-//!  sum(rate(idem_http_requests_total{decision!~"missing_key|invalid_key|unauthenticated|too_large"}[5m]))`.
+//!  sum(rate(idem_http_requests_total{decision!~"missing_key|invalid_key|unauthenticated|too_large|duplicate_member"}[5m]))`.
 
 use std::sync::Arc;
 
@@ -69,6 +69,8 @@ label_enum! {
         TooLarge => "too_large",
         /// The request body could not be read (client went away mid-upload).
         UnreadableBody => "unreadable_body",
+        /// The JSON body names a member twice: 400, nothing recorded.
+        DuplicateMember => "duplicate_member",
         /// Store unreachable: 503, handler not called.
         Unavailable => "unavailable",
         /// Store unreachable on a fail-open route: handler called without protection.
@@ -284,6 +286,6 @@ mod tests {
         ));
         assert_eq!(m.conflicts(Conflict::InProgress), 0);
         assert_eq!(m.requests(Decision::Executed), 1);
-        assert_eq!(Decision::ALL.len(), 13);
+        assert_eq!(Decision::ALL.len(), 14);
     }
 }

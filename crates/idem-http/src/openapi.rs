@@ -21,6 +21,7 @@ const RESPONSES: [(&str, u16, &[ProblemKind]); 8] = [
             ProblemKind::MissingKey,
             ProblemKind::InvalidKey,
             ProblemKind::UnreadableBody,
+            ProblemKind::DuplicateJsonMember,
         ],
     ),
     (

@@ -755,3 +755,124 @@ async fn folded_lists_parameters_and_repeated_key_headers_are_400() {
     assert_eq!(server.handler.calls(), 1);
     assert_eq!(server.metrics.requests(Decision::InvalidKey), 6);
 }
+
+/// A POST with a key and a raw JSON body, sent as written.
+fn raw_order(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    body: &str,
+) -> reqwest::RequestBuilder {
+    client
+        .post(url)
+        .bearer_auth(ALICE)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+}
+
+#[tokio::test]
+async fn integers_past_two_to_the_53_are_different_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(sqlite(dir.path()).await, IdempotencyConfig::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url(ORDERS);
+    let first = send(raw_order(
+        &client,
+        &url,
+        "id-64",
+        r#"{"amount":9007199254740993}"#,
+    ))
+    .await;
+    assert_eq!((first.status, first.replayed()), (201, false));
+    // One less: the same 64-bit float, another request. Refused, not replayed.
+    let other = send(raw_order(
+        &client,
+        &url,
+        "id-64",
+        r#"{"amount":9007199254740992}"#,
+    ))
+    .await;
+    assert_eq!(other.status, 422, "{:?}", other.body);
+    assert_eq!(other.problem_type(), ProblemKind::KeyReused.type_uri());
+    // The same number with other whitespace and member order is the same request.
+    let again = send(raw_order(
+        &client,
+        &url,
+        "id-64",
+        "{ \"amount\" : 9007199254740993 }",
+    ))
+    .await;
+    assert_eq!((again.status, again.replayed()), (201, true));
+    assert_eq!(again.body, first.body);
+    assert_eq!(server.handler.calls(), 1);
+    assert_eq!(server.metrics.requests(Decision::Mismatch), 1);
+}
+
+#[tokio::test]
+async fn a_json_body_naming_a_member_twice_is_400_and_nothing_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(dir.path()).await;
+    let server = start(store.clone(), IdempotencyConfig::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url(ORDERS);
+    for (key, body, pointer) in [
+        ("dup-1", r#"{"q":1,"q":5}"#, "/q"),
+        (
+            "dup-2",
+            r#"{"items":[{"sku":"a","qty":1,"qty":9}]}"#,
+            "/items/0/qty",
+        ),
+        ("dup-3", r#"{"q":1,"\u0071":5}"#, "/q"),
+    ] {
+        let r = send(raw_order(&client, &url, key, body)).await;
+        assert_eq!(r.status, 400, "{body}");
+        assert_eq!(
+            r.problem_type(),
+            ProblemKind::DuplicateJsonMember.type_uri(),
+            "{body}"
+        );
+        let detail = r.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains(pointer), "{detail}");
+        use idem_core::IdempotencyStore;
+        assert_eq!(store.get(&scope("t1", key)).await.unwrap(), None);
+    }
+    assert_eq!(server.handler.calls(), 0);
+    assert_eq!(server.metrics.requests(Decision::DuplicateMember), 3);
+    // The key is free: the body with its member once executes.
+    let ok = send(raw_order(&client, &url, "dup-1", r#"{"q":5}"#)).await;
+    assert_eq!((ok.status, ok.replayed()), (201, false));
+    // Invalid JSON under a JSON media type is hashed as bytes and reaches the handler.
+    let broken = send(raw_order(&client, &url, "dup-4", r#"{"q":1,"q":5"#)).await;
+    assert_eq!(broken.status, 201);
+    // So does any body declared as something else.
+    let text = client
+        .post(&url)
+        .bearer_auth(ALICE)
+        .header("idempotency-key", "dup-5")
+        .header("content-type", "text/plain")
+        .body(r#"{"q":1,"q":5}"#);
+    assert_eq!(send(text).await.status, 201);
+    assert_eq!(server.handler.calls(), 3);
+}
+
+#[tokio::test]
+async fn a_quoted_key_and_its_token_form_are_one_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(dir.path()).await;
+    let server = start(store.clone(), IdempotencyConfig::default()).await;
+    let client = reqwest::Client::new();
+    let url = server.url(ORDERS);
+    let body = json!({"q": 1});
+    let quoted = send(order(&client, &url, ALICE, "\"k\"", &body)).await;
+    assert_eq!((quoted.status, quoted.replayed()), (201, false));
+    let token = send(order(&client, &url, ALICE, "k", &body)).await;
+    assert_eq!((token.status, token.replayed()), (201, true));
+    assert_eq!(token.body, quoted.body);
+    assert_eq!(server.handler.calls(), 1);
+    use idem_core::IdempotencyStore;
+    let record = store.get(&scope("t1", "k")).await.unwrap().expect("record");
+    assert_eq!(record.state, RecordState::Succeeded);
+    // The quotes are the header's, not the key's.
+    assert_eq!(store.get(&scope("t1", "\"k\"")).await.unwrap(), None);
+}
