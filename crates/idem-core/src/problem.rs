@@ -77,8 +77,9 @@ pub enum ProblemKind {
 
 impl ProblemKind {
     /// Every case: the layer's, then the gateway's.
-    pub const ALL: [ProblemKind; 21] = {
-        let mut all = [ProblemKind::MissingKey; 21];
+    pub const ALL: [ProblemKind; ProblemKind::LAYER.len() + ProblemKind::GATEWAY.len()] = {
+        let mut all =
+            [ProblemKind::MissingKey; ProblemKind::LAYER.len() + ProblemKind::GATEWAY.len()];
         let mut i = 0;
         while i < Self::LAYER.len() {
             all[i] = Self::LAYER[i];

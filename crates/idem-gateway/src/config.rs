@@ -610,7 +610,7 @@ impl GatewayConfig {
             }
         }
         for p in &self.trusted_proxies {
-            if crate::forwarded::IpNet::parse(p).is_none() {
+            if p.parse::<crate::forwarded::IpNet>().is_err() {
                 return bad(format!(
                     "trusted_proxies: {p:?} is not an address or CIDR block"
                 ));

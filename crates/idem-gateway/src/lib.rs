@@ -9,14 +9,18 @@
 //!
 //! | a request on a keyed route | gets |
 //! |---|---|
-//! | no credential (no API key; without API keys, none of the credential headers) | 401, unless anonymous access is configured |
+//! | no credential (no API key; without API keys, none of the credential headers, blank values counting as none) | 401, unless anonymous access is configured |
 //! | a `Connection` header naming the key, a credential or a fingerprinted header | 400 |
+//! | a keyed JSON body naming a member twice | 400 |
 //! | no `Idempotency-Key` | 400 |
 //! | a key while the same key (same request) is in flight, here or on another instance | waits, then the same response with `Idempotent-Replayed: true` |
 //! | the same key with a different payload | 422 at once |
 //! | a key whose response is in the window | the stored response, replayed |
 //! | a new key | one upstream call; its response is kept for the window |
-//! | a new key while the in-memory window is full | 503 + `Retry-After`; health reports degraded |
+//! | a new key while the in-memory window is full | 503 + `Retry-After` (when the earliest entry expires); health reports degraded |
+//! | a new key while this caller's share of the window, or of keys in progress, is used up | 429 + `Retry-After` |
+//! | a keyed body while the budget for buffered bodies is used up | 503 + `Retry-After` |
+//! | a new key the upstream answers 401/403/407/511 | that answer; nothing of it stays in the window |
 //! | an upstream timeout after sending | the upstream's key state, asked again while it reports the key in progress: the stored response, 409 + `Retry-After` once the wait runs out, or a bounded re-send with the same key |
 //!
 //! Results are kept per caller: with API keys, per key's tenant and principal; without,

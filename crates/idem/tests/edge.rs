@@ -2,9 +2,8 @@
 //! processes on loopback, driven by a real HTTP client, with whole-process faults
 //! (SIGSTOP, SIGTERM).
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -12,100 +11,8 @@ use serde_json::{json, Value};
 const ALICE: &str = "alice-secret-0001";
 const BOB: &str = "bob-secret-00002";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child process killed (and reaped) when dropped.
-struct Proc {
-    name: &'static str,
-    child: Option<Child>,
-}
-
-impl Proc {
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &self.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{sig} {}", self.name);
-    }
-
-    /// Waits for the process to exit by itself, up to `limit`.
-    fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let child = self.child.as_mut().expect("running");
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                self.child = None;
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not exit within {limit:?}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-CONT", &c.id().to_string()])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn spawn(name: &'static str, args: &[&str]) -> Proc {
-    spawn_to(name, args, Stdio::inherit())
-}
-
-/// Like [`spawn`], its log (stderr) going to `stderr`.
-fn spawn_to(name: &'static str, args: &[&str], stderr: impl Into<Stdio>) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .env_remove("IDEM_DATABASE_URL")
-        .env_remove("IDEM_ADMIN_TOKEN")
-        .env("IDEM_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {name}: {e}"));
-    Proc {
-        name,
-        child: Some(child),
-    }
-}
-
-async fn wait_ready(url: &str) {
-    let c = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok(r) = c.get(url).send().await {
-            if r.status().is_success() {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{url} not ready within 30 s");
-}
+mod common;
+use common::{free_port, spawn, spawn_to, wait_ready, Proc};
 
 /// `idem serve` on SQLite with tenants `a` (Alice's key) and `b` (Bob's).
 async fn serve(dir: &Path) -> (Proc, String) {

@@ -3,62 +3,15 @@
 //! tell apart are two requests under one key, and a JSON body naming a member twice is
 //! refused before anything is recorded.
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 const ALICE: &str = "alice-secret-0001";
 const PROBLEMS: &str = "https://idem.dev/problems/";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child process killed (and reaped) when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(name: &str, args: &[&str]) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(args)
-        .env_remove("IDEM_DATABASE_URL")
-        .env_remove("IDEM_ADMIN_TOKEN")
-        .env_remove("IDEM_API_KEYS")
-        .env("IDEM_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {name}: {e}"));
-    Proc(child)
-}
-
-async fn wait_ready(url: &str) {
-    let c = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok(r) = c.get(url).send().await {
-            if r.status().is_success() {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{url} not ready within 30 s");
-}
+mod common;
+use common::{free_port, spawn, wait_ready, Proc};
 
 /// `idem serve` on SQLite in `dir`, with tenant `a` (Alice's key).
 async fn serve(dir: &Path) -> (Proc, String) {
