@@ -4,8 +4,10 @@
 //! pool and in the same run. A second server on the same database claims ahead (two
 //! commits per create), for comparison.
 //!
-//! Each client task orders from a show of its own, so the sides measure commits, not the
-//! one stock row every create would otherwise queue on. The store is the one
+//! Each client task orders from a show of its own, so the sides measure commits. With
+//! `shows` a fourth side, `hot`, runs the one-commit create with every client on that
+//! many shows (1: the flash sale, everybody buying the same show), and `hot_vs_spread`
+//! is its ratio to the one-commit side. The store is the one
 //! `database_url` names (PostgreSQL in a schema of its own, removed afterwards; SQLite)
 //! or a temporary SQLite file. This module only measures: it must not change the
 //! service's behaviour beyond the options a measurement needs.
@@ -30,6 +32,8 @@ pub struct OrdersBenchOptions {
     pub concurrency: usize,
     /// Time per side; spread over [`ROUNDS`] alternating slices.
     pub duration: Duration,
+    /// Also run the one-commit create with every client on this many shows.
+    pub shows: Option<usize>,
 }
 
 /// Slices per side, alternated so load from elsewhere lands on every side.
@@ -50,6 +54,15 @@ pub struct OrdersBenchReport {
     pub two_commit: PhaseRate,
     pub one_commit_vs_plain: f64,
     pub two_commit_vs_plain: f64,
+    /// `/v1/orders` (one commit) with every client on `shows` shows.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub hot: Option<PhaseRate>,
+    /// How many shows the `hot` side spread its clients over.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub shows: Option<usize>,
+    /// `hot` against `one_commit` (every client on its own show), same run.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub hot_vs_spread: Option<f64>,
     pub target: f64,
     pub meets_target: bool,
     pub saturation: Saturation,
@@ -106,6 +119,9 @@ pub async fn bench(options: OrdersBenchOptions) -> Result<OrdersBenchReport, Ben
     let concurrency = options.concurrency.max(1);
     if options.duration.is_zero() {
         return Err(BenchError::Setup("--duration must be positive".into()));
+    }
+    if options.shows == Some(0) {
+        return Err(BenchError::Setup("--shows must be at least 1".into()));
     }
     let tempdir = tempfile::tempdir()?;
     let (url, database) = match &options.database_url {
@@ -165,23 +181,33 @@ pub async fn bench(options: OrdersBenchOptions) -> Result<OrdersBenchReport, Ben
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()?;
-    let sides = [
-        ("plain", format!("{}/v1/legacy/orders", one.url()), false),
-        ("one_commit", format!("{}/v1/orders", one.url()), true),
-        ("two_commit", format!("{}/v1/orders", two.url()), true),
+    // (side, URL, keyed, shows the clients share: None = one each)
+    let mut sides = vec![
+        (
+            "plain",
+            format!("{}/v1/legacy/orders", one.url()),
+            false,
+            None,
+        ),
+        ("one_commit", format!("{}/v1/orders", one.url()), true, None),
+        ("two_commit", format!("{}/v1/orders", two.url()), true, None),
     ];
+    if let Some(shows) = options.shows {
+        sides.push(("hot", format!("{}/v1/orders", one.url()), true, Some(shows)));
+    }
     let slice = options.duration / ROUNDS;
-    let mut totals: [Option<PhaseRate>; 3] = [None, None, None];
+    let mut totals: Vec<Option<PhaseRate>> = vec![None; sides.len()];
     let meter = Meter::start();
     for round in 0..ROUNDS {
-        for (i, (name, target, keyed)) in sides.iter().enumerate() {
+        for (i, (name, target, keyed, shows)) in sides.iter().enumerate() {
             let (client, target, secret) =
                 (client.clone(), Arc::new(target.clone()), secret.clone());
-            let (name, keyed, run_id) = (*name, *keyed, run_id.clone());
+            let (name, keyed, shows, run_id) = (*name, *keyed, *shows, run_id.clone());
             let rate = drive(name, concurrency, slice, move |task, seq| {
                 let (client, target, secret) = (client.clone(), target.clone(), secret.clone());
                 let key = keyed.then(|| format!("{run_id}-{name}-{round}-{task}-{seq}"));
-                async move { post(&client, &target, &secret, task, key).await }
+                let show = shows.map_or(task, |n| task % n);
+                async move { post(&client, &target, &secret, show, key).await }
             })
             .await;
             merge(
@@ -203,13 +229,22 @@ pub async fn bench(options: OrdersBenchOptions) -> Result<OrdersBenchReport, Ben
             tracing::warn!(error = %e, %schema, "could not drop the bench schema");
         }
     }
-    let [plain, one_commit, two_commit] = totals.map(|t| t.expect("every side ran"));
+    let mut totals = totals.into_iter().map(|t| t.expect("every side ran"));
+    let (plain, one_commit, two_commit) = (
+        totals.next().expect("plain"),
+        totals.next().expect("one_commit"),
+        totals.next().expect("two_commit"),
+    );
+    let hot = totals.next();
     let one_commit_vs_plain = ratio(&one_commit, &plain);
     Ok(OrdersBenchReport {
         backend: backend.as_str().to_owned(),
         database,
         concurrency,
         two_commit_vs_plain: ratio(&two_commit, &plain),
+        hot_vs_spread: hot.as_ref().map(|h| ratio(h, &one_commit)),
+        shows: options.shows,
+        hot,
         one_commit_vs_plain,
         plain,
         one_commit,
@@ -245,5 +280,12 @@ pub fn print_human(r: &OrdersBenchReport) {
         if r.meets_target { "met" } else { "missed" },
         r.two_commit_vs_plain
     );
+    if let (Some(hot), Some(shows), Some(vs)) = (&r.hot, r.shows, r.hot_vs_spread) {
+        println!(
+            "  {:<11} {:>9.0} creates/s  ({} errors)  fresh key, one commit, all clients on {shows} show(s)",
+            hot.phase, hot.per_second, hot.errors
+        );
+        println!("  hot / spread {vs:.2}");
+    }
     println!("  saturated   {}", r.saturation.saturated);
 }

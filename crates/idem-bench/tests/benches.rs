@@ -224,8 +224,9 @@ async fn orders_bench_on(
 ) -> Option<idem_bench::orders::OrdersBenchReport> {
     let report = idem_bench::orders::bench(idem_bench::orders::OrdersBenchOptions {
         database_url: url.map(str::to_owned),
-        concurrency: 2,
+        concurrency: 4,
         duration: Duration::from_millis(600),
+        shows: Some(1),
     })
     .await;
     let report = match report {
@@ -241,6 +242,11 @@ async fn orders_bench_on(
         assert_eq!(side.errors, 0, "{} had errors on {backend}", side.phase);
     }
     assert!(report.one_commit_vs_plain > 0.0 && report.two_commit_vs_plain > 0.0);
+    // Every client on one show: it sells, and the ratio to the spread side is reported.
+    let hot = report.hot.as_ref().expect("the hot side ran");
+    assert!(hot.ok > 0, "the hot show sold nothing on {backend}");
+    assert_eq!(report.shows, Some(1));
+    assert!(report.hot_vs_spread.is_some_and(|r| r > 0.0));
     assert!(!report.saturation.saturated.is_empty());
     Some(report)
 }

@@ -125,7 +125,10 @@ impl Ledgers {
         }
         for r in rows(
             &mut c,
-            "SELECT show_id, capacity, available FROM inventory WHERE tenant_id = $1",
+            // Stock is the show's reserve plus its buckets.
+            "SELECT i.show_id, i.capacity, i.available + CAST(COALESCE((SELECT \
+             SUM(b.available) FROM inventory_buckets b WHERE b.tenant_id = i.tenant_id \
+             AND b.show_id = i.show_id), 0) AS BIGINT) FROM inventory i WHERE i.tenant_id = $1",
             Some(tenant),
         )
         .await?

@@ -278,6 +278,14 @@ impl From<OrderError> for ApiError {
                 detail,
             )
             .retry_after(1),
+            OrderError::StockBusy { show_id } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "stock-busy",
+                "The show's remaining tickets are being taken",
+                detail,
+            )
+            .extra(json!({ "show_id": show_id }))
+            .retry_after(1),
             OrderError::Internal(e) => ApiError::internal(&e),
         }
     }

@@ -131,6 +131,9 @@ pub enum OrderError {
     InvalidField { field: &'static str, reason: String },
     #[error(transparent)]
     IllegalTransition(#[from] IllegalTransition),
+    /// The stock the order needs is all in rows other transactions hold right now.
+    #[error("show {show_id}'s remaining tickets are being taken by other orders; retry with the same key")]
+    StockBusy { show_id: String },
     /// Another request holds the order's lease for longer than we wait.
     #[error("order {order_id} is busy with another request; retry with the same key")]
     Busy { order_id: String },

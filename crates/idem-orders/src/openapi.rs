@@ -38,7 +38,7 @@ pub enum TenantRefusals {
     Unauthenticated(Problem),
     #[response(
         status = 503,
-        description = "The database does not answer; retry",
+        description = "The database does not answer, or the stock left is held by other orders; retry",
         content_type = "application/problem+json"
     )]
     Unavailable(Problem),
@@ -62,7 +62,7 @@ pub enum AdminRefusals {
     Disabled(Problem),
     #[response(
         status = 503,
-        description = "The database does not answer; retry",
+        description = "The database does not answer, or the stock left is held by other orders; retry",
         content_type = "application/problem+json"
     )]
     Unavailable(Problem),

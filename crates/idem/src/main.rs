@@ -443,6 +443,10 @@ enum BenchCommand {
         /// Seconds per side (spread over alternating slices).
         #[arg(long, default_value_t = 6.0)]
         duration: f64,
+        /// Also run every client on this many shows (1: the flash sale) and report
+        /// `hot_vs_spread` against each client on a show of its own.
+        #[arg(long)]
+        shows: Option<usize>,
         /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
@@ -883,6 +887,7 @@ async fn run(
                 BenchCommand::Orders {
                     concurrency,
                     duration,
+                    shows,
                     json,
                 },
         } => {
@@ -895,6 +900,7 @@ async fn run(
                 database_url: explicit_url,
                 concurrency,
                 duration: Duration::from_secs_f64(duration),
+                shows,
             })
             .await
             .map_err(|e| StoreError::Backend(e.to_string()))?;

@@ -48,7 +48,9 @@ const SNAPSHOT: [&str; 8] = [
     "SELECT order_id || '|' || kind || '|' || provider_key || '|' || CAST(amount_cents AS TEXT) FROM payments",
     "SELECT provider_key || '|' || kind || '|' || CAST(amount_cents AS TEXT) || '|' || CAST(calls AS TEXT) FROM psp_operations",
     "SELECT order_id || '|' || status FROM inventory_holds",
-    "SELECT tenant_id || '|' || show_id || '|' || CAST(available AS TEXT) FROM inventory",
+    "SELECT i.tenant_id || '|' || i.show_id || '|' || CAST(i.available + COALESCE((SELECT \
+     SUM(b.available) FROM inventory_buckets b WHERE b.tenant_id = i.tenant_id \
+     AND b.show_id = i.show_id), 0) AS TEXT) FROM inventory i",
     "SELECT order_id || '|' || topic FROM outbox_messages",
     "SELECT consumer || '|' || business_key || '|' || order_id FROM consumer_processed",
     "SELECT order_id || '|' || COALESCE(from_status, '-') || '|' || to_status || '|' || event FROM order_transitions",

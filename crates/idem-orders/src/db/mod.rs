@@ -31,8 +31,12 @@ use crate::error::Error;
 pub use idem_sql::{redact, DEFAULT_URL};
 pub(crate) use idem_sql::{sql, Sql};
 
-/// The longest a statement of the service waits for a row lock.
-pub const PG_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// The longest a statement of the service waits for a row lock: well inside one
+/// attempt of a client's retry (a few seconds), so a request queued behind a paused
+/// holder fails in time for the retry to land elsewhere instead of using the attempt up.
+/// Stock is never waited on (`SKIP LOCKED`); what is left are one key's duplicates and
+/// one order's own steps.
+pub const PG_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// A session left idle inside a transaction this long is ended by the server.
 pub const PG_IDLE_IN_TRANSACTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -266,6 +270,11 @@ impl PoolConn {
 pub(crate) struct Conn<'c>(idem_sql::Conn<'c>);
 
 impl Conn<'_> {
+    /// Which database the statements go to, for the few that differ (row locks).
+    pub(crate) fn backend(&self) -> idem_sql::Backend {
+        self.0.backend()
+    }
+
     /// Rows affected.
     pub(crate) async fn execute(&mut self, q: Sql) -> Result<u64, Error> {
         Ok(self.0.execute(q).await?)

@@ -1,16 +1,29 @@
 //! The inventory ledger: each show's stock per tenant and the one hold each order
 //! takes from it.
 //!
-//! Owns the `inventory` and `inventory_holds` statements. Taking stock is one atomic
-//! statement; a release records the fencing token and owner that wrote it. It must not
-//! take leases or decide who may release (the caller writes through the fence), and
-//! never deletes a hold.
+//! Owns the `inventory`, `inventory_buckets` and `inventory_holds` statements. A show's
+//! stock is split across [`STOCK_BUCKETS`] bucket rows (plus `inventory.available`, a
+//! reserve that only stock from before the buckets can be in), so concurrent orders of
+//! one show lock different rows and commit in parallel: on PostgreSQL a taker skips the
+//! buckets others hold (`FOR UPDATE SKIP LOCKED`), so a paused holder blocks one bucket,
+//! never the show. An order takes from one bucket in one statement; only when no single
+//! free bucket covers it does it gather from several (and the reserve), and when the
+//! stock it needs is all held by others it answers busy instead of waiting. Conservation:
+//! `capacity = reserve + Σ buckets + Σ held holds`. A release records the fencing token
+//! and owner that wrote it. It must not take leases or decide who may release (the caller
+//! writes through the fence), and never deletes a hold.
 
 use serde::{Deserialize, Serialize};
+
+use idem_sql::Backend;
 
 use super::new_id;
 use crate::db::{sql, Conn, Row};
 use crate::error::Error;
+
+/// Stock rows per show: more than the transactions one service runs at once (its pool),
+/// so that concurrent takers of one show rarely find every bucket held.
+pub const STOCK_BUCKETS: i64 = 32;
 
 /// A show's stock, per tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,73 +105,212 @@ fn show_from(row: &Row) -> Result<Show, Error> {
     })
 }
 
-/// Creates the show if absent; an existing show is left as it is. Returns the show.
+/// Creates the show if absent, its stock spread over [`STOCK_BUCKETS`] buckets; an
+/// existing show is left as it is. Returns the show. Run it in a transaction: the show
+/// and its buckets appear together.
 pub(crate) async fn seed_show(
     c: &mut Conn<'_>,
     tenant: &str,
     seed: &ShowSeed,
     now: i64,
 ) -> Result<Show, Error> {
-    c.execute(
-        sql(
-            "INSERT INTO inventory (tenant_id, show_id, title, capacity, available, \
-               per_order_limit, price_cents, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $7) \
-             ON CONFLICT (tenant_id, show_id) DO NOTHING",
+    let created = c
+        .execute(
+            sql(
+                "INSERT INTO inventory (tenant_id, show_id, title, capacity, available, \
+                   per_order_limit, price_cents, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $7) \
+                 ON CONFLICT (tenant_id, show_id) DO NOTHING",
+            )
+            .bind(tenant)
+            .bind(&seed.show_id)
+            .bind(&seed.title)
+            .bind(seed.capacity)
+            .bind(seed.per_order_limit)
+            .bind(seed.price_cents)
+            .bind(now),
         )
-        .bind(tenant)
-        .bind(&seed.show_id)
-        .bind(&seed.title)
-        .bind(seed.capacity)
-        .bind(seed.per_order_limit)
-        .bind(seed.price_cents)
-        .bind(now),
-    )
-    .await?;
+        .await?;
+    if created == 1 {
+        c.execute(
+            sql("WITH RECURSIVE n(bucket) AS (SELECT CAST(0 AS BIGINT) \
+                   UNION ALL SELECT bucket + 1 FROM n WHERE bucket + 1 < $4) \
+                 INSERT INTO inventory_buckets (tenant_id, show_id, bucket, available, updated_at) \
+                 SELECT $1, $2, bucket, \
+                   $3 / $4 + CASE WHEN bucket < $3 % $4 THEN 1 ELSE 0 END, $5 FROM n")
+            .bind(tenant)
+            .bind(&seed.show_id)
+            .bind(seed.capacity)
+            .bind(STOCK_BUCKETS)
+            .bind(now),
+        )
+        .await?;
+    }
     show(c, tenant, &seed.show_id)
         .await?
         .ok_or_else(|| Error::Backend("seeded show vanished".into()))
 }
+
+/// A show's stock as readers see it: the reserve and every bucket.
+const SHOW_COLUMNS: &str = "SELECT i.show_id, i.title, i.capacity, \
+       i.available + CAST(COALESCE((SELECT SUM(b.available) FROM inventory_buckets b \
+         WHERE b.tenant_id = i.tenant_id AND b.show_id = i.show_id), 0) AS BIGINT) \
+         AS available, \
+       i.per_order_limit, i.price_cents \
+     FROM inventory i WHERE i.tenant_id = $1 AND i.show_id = $2";
 
 pub(crate) async fn show(
     c: &mut Conn<'_>,
     tenant: &str,
     show_id: &str,
 ) -> Result<Option<Show>, Error> {
-    c.optional(
-        sql(
-            "SELECT show_id, title, capacity, available, per_order_limit, price_cents \
-             FROM inventory WHERE tenant_id = $1 AND show_id = $2",
-        )
-        .bind(tenant)
-        .bind(show_id),
-    )
-    .await?
-    .as_ref()
-    .map(show_from)
-    .transpose()
+    c.optional(sql(SHOW_COLUMNS).bind(tenant).bind(show_id))
+        .await?
+        .as_ref()
+        .map(show_from)
+        .transpose()
 }
 
-/// Takes `quantity` from the show's stock if that much is left (one atomic statement).
+/// What taking stock came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Take {
+    Taken,
+    /// Less than the quantity is left (committed stock; `available` of it).
+    SoldOut {
+        available: i64,
+    },
+    /// Enough is left, but other transactions hold the rows it is in: retry.
+    Busy,
+}
+
+/// Takes `quantity` from the show's stock. `start` spreads takers over the buckets
+/// (any number; a per-request random one). Run it as late as possible in the
+/// transaction: the bucket stays locked until the commit.
 pub(crate) async fn take_stock(
     c: &mut Conn<'_>,
     tenant: &str,
     show_id: &str,
     quantity: i64,
     now: i64,
-) -> Result<bool, Error> {
-    Ok(c.execute(
-        sql(
-            "UPDATE inventory SET available = available - $3, updated_at = $4 \
-             WHERE tenant_id = $1 AND show_id = $2 AND available >= $3",
+    start: u64,
+) -> Result<Take, Error> {
+    let pg = c.backend() == Backend::Postgres;
+    let start = i64::try_from(start % STOCK_BUCKETS.unsigned_abs()).unwrap_or(0);
+    // One free bucket that covers the order, searched from `start` round to it.
+    let one = if pg {
+        "UPDATE inventory_buckets SET available = available - $3, updated_at = $4 \
+         WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
+           SELECT bucket FROM inventory_buckets \
+           WHERE tenant_id = $1 AND show_id = $2 AND available >= $3 \
+           ORDER BY bucket >= $5 DESC, bucket LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    } else {
+        "UPDATE inventory_buckets SET available = available - $3, updated_at = $4 \
+         WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
+           SELECT bucket FROM inventory_buckets \
+           WHERE tenant_id = $1 AND show_id = $2 AND available >= $3 \
+           ORDER BY bucket >= $5 DESC, bucket LIMIT 1)"
+    };
+    let taken = c
+        .execute(
+            sql(one)
+                .bind(tenant)
+                .bind(show_id)
+                .bind(quantity)
+                .bind(now)
+                .bind(start),
         )
-        .bind(tenant)
-        .bind(show_id)
-        .bind(quantity)
-        .bind(now),
-    )
-    .await?
-        == 1)
+        .await?;
+    if taken == 1 {
+        return Ok(Take::Taken);
+    }
+    gather(c, pg, tenant, show_id, quantity, now).await
+}
+
+/// The slow path: no free bucket covers the order alone. Locks what is free of the
+/// reserve and the buckets (never waiting on a row another transaction holds) and takes
+/// the quantity from several; when the free rows hold too little, the committed stock
+/// tells sold out from busy.
+async fn gather(
+    c: &mut Conn<'_>,
+    pg: bool,
+    tenant: &str,
+    show_id: &str,
+    quantity: i64,
+    now: i64,
+) -> Result<Take, Error> {
+    let (reserve_q, buckets_q) = if pg {
+        (
+            "SELECT available FROM inventory \
+             WHERE tenant_id = $1 AND show_id = $2 AND available > 0 FOR UPDATE SKIP LOCKED",
+            "SELECT bucket, available FROM inventory_buckets \
+             WHERE tenant_id = $1 AND show_id = $2 AND available > 0 \
+             ORDER BY bucket FOR UPDATE SKIP LOCKED",
+        )
+    } else {
+        (
+            "SELECT available FROM inventory \
+             WHERE tenant_id = $1 AND show_id = $2 AND available > 0",
+            "SELECT bucket, available FROM inventory_buckets \
+             WHERE tenant_id = $1 AND show_id = $2 AND available > 0 ORDER BY bucket",
+        )
+    };
+    let reserve = match c
+        .optional(sql(reserve_q).bind(tenant).bind(show_id))
+        .await?
+    {
+        Some(row) => row.int("available")?,
+        None => 0,
+    };
+    let mut buckets = Vec::new();
+    for row in c.all(sql(buckets_q).bind(tenant).bind(show_id)).await? {
+        buckets.push((row.int("bucket")?, row.int("available")?));
+    }
+    let free = reserve + buckets.iter().map(|(_, a)| a).sum::<i64>();
+    if free < quantity {
+        // Committed stock, locked rows included (a plain read waits on nothing).
+        let available = show(c, tenant, show_id).await?.map_or(0, |s| s.available);
+        return Ok(if available < quantity {
+            Take::SoldOut { available }
+        } else {
+            Take::Busy
+        });
+    }
+    let mut left = quantity;
+    let from_reserve = reserve.min(left);
+    if from_reserve > 0 {
+        c.execute(
+            sql(
+                "UPDATE inventory SET available = available - $3, updated_at = $4 \
+                 WHERE tenant_id = $1 AND show_id = $2",
+            )
+            .bind(tenant)
+            .bind(show_id)
+            .bind(from_reserve)
+            .bind(now),
+        )
+        .await?;
+        left -= from_reserve;
+    }
+    for (bucket, available) in buckets {
+        if left == 0 {
+            break;
+        }
+        let take = available.min(left);
+        c.execute(
+            sql(
+                "UPDATE inventory_buckets SET available = available - $4, updated_at = $5 \
+                 WHERE tenant_id = $1 AND show_id = $2 AND bucket = $3",
+            )
+            .bind(tenant)
+            .bind(show_id)
+            .bind(bucket)
+            .bind(take)
+            .bind(now),
+        )
+        .await?;
+        left -= take;
+    }
+    Ok(Take::Taken)
 }
 
 /// One inventory hold (voucher) per order.
@@ -270,16 +422,41 @@ pub(crate) async fn release_hold(
     let Some(row) = released else {
         return Ok(false);
     };
-    c.execute(
-        sql(
-            "UPDATE inventory SET available = available + $3, updated_at = $4 \
-             WHERE tenant_id = $1 AND show_id = $2",
+    let show_id = row.text("show_id")?;
+    let quantity = row.int("quantity")?;
+    // Back into a bucket nobody holds (any will do); the reserve when all are held.
+    let into_bucket = if c.backend() == Backend::Postgres {
+        "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
+         WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
+           SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
+           ORDER BY available LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    } else {
+        "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
+         WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
+           SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
+           ORDER BY available LIMIT 1)"
+    };
+    let returned = c
+        .execute(
+            sql(into_bucket)
+                .bind(tenant)
+                .bind(&show_id)
+                .bind(quantity)
+                .bind(now),
         )
-        .bind(tenant)
-        .bind(row.text("show_id")?)
-        .bind(row.int("quantity")?)
-        .bind(now),
-    )
-    .await?;
+        .await?;
+    if returned == 0 {
+        c.execute(
+            sql(
+                "UPDATE inventory SET available = available + $3, updated_at = $4 \
+                 WHERE tenant_id = $1 AND show_id = $2",
+            )
+            .bind(tenant)
+            .bind(&show_id)
+            .bind(quantity)
+            .bind(now),
+        )
+        .await?;
+    }
     Ok(true)
 }

@@ -22,7 +22,7 @@ mod messages;
 mod orders;
 mod payments;
 
-pub(crate) use inventory::{hold_of, insert_hold, release_hold, seed_show, show, take_stock};
+pub(crate) use inventory::{hold_of, insert_hold, release_hold, seed_show, show, take_stock, Take};
 pub use inventory::{Hold, Show, ShowSeed};
 pub(crate) use messages::{
     count_publish_failure, due_deliveries, emit, enqueue_delivery, mark_processed, mark_published,

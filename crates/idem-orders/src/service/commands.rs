@@ -120,7 +120,8 @@ impl Orders {
                 limit: show.per_order_limit,
             });
         }
-        if !ledgers::take_stock(&mut c, tenant, &show.show_id, req.quantity, now).await? {
+        // Committed stock says sold out without locking anything.
+        if show.available < req.quantity {
             return Err(OrderError::SoldOut {
                 show_id: show.show_id,
                 quantity: req.quantity,
@@ -160,6 +161,24 @@ impl Orders {
         )
         .await?;
         ledgers::emit(&mut c, &order, topics::ORDER_CREATED, now).await?;
+        // The stock last: its row stays locked until the commit, so it is held for
+        // the record's write and the commit only, never for the inserts above.
+        let start = uuid::Uuid::now_v7().as_u64_pair().1;
+        match ledgers::take_stock(&mut c, tenant, &show.show_id, req.quantity, now, start).await? {
+            ledgers::Take::Taken => {}
+            ledgers::Take::SoldOut { available } => {
+                return Err(OrderError::SoldOut {
+                    show_id: show.show_id,
+                    quantity: req.quantity,
+                    available,
+                })
+            }
+            ledgers::Take::Busy => {
+                return Err(OrderError::StockBusy {
+                    show_id: show.show_id,
+                })
+            }
+        }
         self.inner.metrics.created(route);
         let unit = Unit {
             tx,
