@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::report::{Bucket, FaultEvent, Report};
+use crate::report::{percent, rate, Bucket, FaultEvent, Report};
 
 /// Lane order of the timeline; kinds not listed here follow, alphabetically.
 const KIND_ORDER: [&str; 7] = ["kill", "stop", "gateway", "db-conn", "redis", "bus", "net"];
@@ -66,14 +66,6 @@ fn secs3(ms: u64) -> String {
 /// Milliseconds as seconds with one decimal (truncated).
 fn secs1(ms: u64) -> String {
     format!("{}.{}", ms / 1000, (ms % 1000) / 100)
-}
-
-fn percent(ratio: f64) -> String {
-    if ratio.is_finite() {
-        format!("{:.1}%", ratio * 100.0)
-    } else {
-        "n/a".to_owned()
-    }
 }
 
 fn kind_fill(kind: &str) -> &'static str {
@@ -368,10 +360,56 @@ fn header(out: &mut String, r: &Report) {
         secs1(r.settle_ms),
         r.intents,
         r.acknowledged,
-        percent(r.acknowledged_ratio),
+        percent(Some(r.acknowledged_ratio)),
         r.answered,
-        percent(r.answered_ratio),
+        percent(Some(r.answered_ratio)),
         r.attempts
+    );
+}
+
+/// A swatch in the colour a kind's windows are shaded with.
+fn swatch(kind: &str) -> String {
+    format!(
+        "<span style=\"background:{};opacity:.35\"></span>",
+        kind_fill(kind)
+    )
+}
+
+/// Completed answers per second inside each kind's windows against the calm rate.
+fn availability_table(out: &mut String, r: &Report) {
+    out.push_str("<h3 id=\"availability\">Availability by fault kind</h3>");
+    open_table(
+        out,
+        &[
+            "kind",
+            "faults",
+            "window (s)",
+            "answers inside",
+            "inside (/s)",
+            "outside (/s)",
+            "availability",
+        ],
+    );
+    for (kind, a) in &r.availability_by_fault {
+        let _ = write!(
+            out,
+            "<tr><td class=\"legend\">{}{}</td><td class=\"n\">{}</td><td class=\"n\">{:.1}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            swatch(kind),
+            escape(kind),
+            a.windows,
+            a.seconds,
+            a.answers,
+            rate(a.inside_per_s),
+            rate(a.outside_per_s),
+            percent(a.ratio)
+        );
+    }
+    close_table(out);
+    out.push_str(
+        "<p class=\"note\">Completed answers (2xx or a definite refusal) by the time they arrived, \
+         per second of the kind's merged windows, against the seconds of the active phase \
+         outside every fault window.</p>",
     );
 }
 
@@ -518,9 +556,18 @@ pub fn render(report: &Report) -> String {
             out,
             "<figcaption class=\"legend\">attempts per second:<span style=\"background:{OK_FILL}\"></span>ok\
              <span style=\"background:{REPLAY_FILL}\"></span>replayed\
-             <span style=\"background:{RETRY_FILL}\"></span>retried\
-             <span style=\"background:#b00020;opacity:.15\"></span>fault windows</figcaption></figure>"
+             <span style=\"background:{RETRY_FILL}\"></span>retried"
         );
+        if !r.faults.is_empty() {
+            out.push_str(" · fault windows:");
+            for kind in lanes(r) {
+                let _ = write!(out, "{}{}", swatch(&kind), escape(&kind));
+            }
+        }
+        out.push_str("</figcaption></figure>");
+    }
+    if !r.availability_by_fault.is_empty() {
+        availability_table(&mut out, r);
     }
     out.push_str("</section>");
 
@@ -533,8 +580,6 @@ pub fn render(report: &Report) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
     use crate::report::{Anomaly, InvariantResult};
 
@@ -548,34 +593,8 @@ mod tests {
         }
     }
 
-    fn empty(passed: bool) -> Report {
-        Report {
-            seed: 7,
-            control: None,
-            services: 0,
-            gateways: 0,
-            nats: false,
-            duration_ms: 0,
-            settle_ms: 0,
-            intents: 0,
-            acknowledged: 0,
-            acknowledged_ratio: f64::NAN,
-            answered: 0,
-            answered_ratio: f64::NAN,
-            attempts: 0,
-            faults_by_kind: BTreeMap::new(),
-            faults: Vec::new(),
-            invariants: Vec::new(),
-            anomalies_by_invariant: BTreeMap::new(),
-            anomalies: Vec::new(),
-            arrivals: Vec::new(),
-            observed: BTreeMap::new(),
-            passed,
-        }
-    }
-
     fn sample() -> Report {
-        let mut r = empty(false);
+        let mut r = Report::empty(false);
         r.seed = 42;
         r.control = Some("legacy".into());
         r.services = 3;
@@ -630,6 +649,13 @@ mod tests {
             })
             .collect();
         r.observed.insert("redeliveries".into(), 4);
+        let answers = (0..300).map(|n| n * 100).collect();
+        r.availability_by_fault = crate::report::availability_by_fault(
+            ["kill", "net", "db-conn", "stop"],
+            &r.faults,
+            answers,
+            r.duration_ms,
+        );
         r
     }
 
@@ -696,12 +722,30 @@ mod tests {
 
     #[test]
     fn empty_report_renders() {
-        let html = render(&empty(true));
+        let html = render(&Report::empty(true));
         assert!(html.contains("No anomalies."));
         assert!(html.contains("PASSED"));
         assert_eq!(timeline_svg(&html).matches("<rect").count(), 0);
         assert!(!html.contains("NaN"));
         assert!(html.ends_with("</html>\n"));
+    }
+
+    #[test]
+    fn availability_table_has_a_row_per_kind_and_no_nan() {
+        let html = render(&sample());
+        let start = html
+            .find("id=\"availability\"")
+            .expect("availability table");
+        let table = &html[start..start + html[start..].find("</table>").unwrap()];
+        assert_eq!(table.matches("<tr><td").count(), 4);
+        // kill 2.5 s at 10/s against a calm 10/s; net lasts no time; stop never ran.
+        assert!(table.contains(">kill</td><td class=\"n\">1</td><td class=\"n\">2.5</td><td class=\"n\">25</td><td class=\"n\">10.0</td><td class=\"n\">10.0</td><td class=\"n\">100.0%</td>"), "{table}");
+        assert!(table.contains(">net</td><td class=\"n\">1</td><td class=\"n\">0.0</td><td class=\"n\">0</td><td class=\"n\">n/a</td>"));
+        assert!(table.contains(">stop</td><td class=\"n\">0</td>"));
+        assert!(!html.contains("NaN"));
+        // The legend names each kind shaded.
+        let legend = &html[html.find("fault windows:").unwrap()..];
+        assert!(legend.find(">kill").unwrap() < legend.find(">db-conn").unwrap());
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use sqlx::Connection;
 
 pub use faults::FaultKind;
-pub use report::{Anomaly, Bucket, FaultEvent, InvariantResult, Report};
+pub use report::{Anomaly, Availability, Bucket, FaultEvent, InvariantResult, Report};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChaosError {
@@ -262,6 +262,18 @@ fn report(
         .map(|p| p.stats().faulted)
         .sum();
     observed.insert("connections_faulted".into(), faulted);
+    let completed = log
+        .iter()
+        .flat_map(|i| &i.sends)
+        .filter(|s| s.completed())
+        .map(|s| s.end_ms)
+        .collect();
+    let availability_by_fault = report::availability_by_fault(
+        faults_by_kind.keys().map(String::as_str),
+        &faults,
+        completed,
+        active.as_millis() as u64,
+    );
     let passed = anomalies.is_empty();
     Report {
         seed: o.seed,
@@ -279,6 +291,7 @@ fn report(
         attempts,
         faults_by_kind,
         faults,
+        availability_by_fault,
         invariants,
         anomalies_by_invariant,
         anomalies,

@@ -49,6 +49,19 @@ impl SendLog {
     pub fn ok(&self) -> bool {
         self.status.is_some_and(|s| (200..300).contains(&s))
     }
+
+    /// A 4xx the same key cannot change: 408 and 429 ask to try again. The client
+    /// returns a 409 only when it is the key's answer.
+    pub fn refusal(&self) -> Option<u16> {
+        self.status
+            .filter(|s| (400..500).contains(s) && ![408, 429].contains(s))
+    }
+
+    /// The user got a definite answer: a 2xx or a refusal, not a transport error,
+    /// timeout, 5xx or "try again".
+    pub fn completed(&self) -> bool {
+        self.ok() || self.refusal().is_some()
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -269,12 +282,9 @@ impl Workload {
         }
         while !log.sends.iter().any(SendLog::ok) && log.refused.is_none() && !self.past_deadline() {
             if let Some(last) = log.sends.last() {
-                if let Some(s) = last.status.filter(|s| (400..500).contains(s)) {
-                    // The client returns a 409 only when it is the key's answer.
-                    if ![408, 429].contains(&s) {
-                        log.refused = Some(s);
-                        break;
-                    }
+                if let Some(s) = last.refusal() {
+                    log.refused = Some(s);
+                    break;
                 }
                 // Another gateway for the next try, as a client with several endpoints would.
                 g = (g + 1) % self.gateways.len();

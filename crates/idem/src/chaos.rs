@@ -185,6 +185,12 @@ fn print_human(r: &Report) {
             f.detail
         );
     }
+    if !r.availability_by_fault.is_empty() {
+        println!("  availability (completed answers/s inside each kind's windows vs outside all):");
+        for line in r.availability_lines() {
+            println!("    {line}");
+        }
+    }
     println!("  invariants:");
     for i in &r.invariants {
         println!(

@@ -103,6 +103,12 @@ fn a_campaign_with_every_fault_finds_nothing_and_the_control_finds_duplicates() 
                 "seed {seed}: {kind} never injected: {:#}",
                 r["faults_by_kind"]
             );
+            let a = &r["availability_by_fault"][kind];
+            let sane = a["windows"] == r["faults_by_kind"][kind]
+                && a["seconds"].as_f64().is_some_and(|s| s > 0.0)
+                && a["outside_per_s"].as_f64().is_some_and(|o| o > 0.0)
+                && a["ratio"].as_f64().is_some_and(|q| q >= 0.0);
+            assert!(sane, "seed {seed}: {kind} availability {a:#}");
         }
         assert!(r["acknowledged_ratio"].as_f64().unwrap() >= 0.95, "{r:#}");
         assert!(r["answered_ratio"].as_f64().unwrap() >= 0.95, "{r:#}");
