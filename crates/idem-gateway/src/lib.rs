@@ -97,7 +97,8 @@
 //! ```
 //!
 //! Modules: [`config`] (the JSON file), [`routes`], [`auth`], [`memory`] (the in-process
-//! window store), [`window`], [`wakeup`], [`upstream`] (client, state query), [`problem`],
+//! window store), [`window`], [`wakeup`], [`upstream`] (client, state query),
+//! [`upstreams`] (choosing one per request, passive health), [`problem`],
 //! [`metrics`]. The benchmark is in `idem-bench`; the business-service stand-in the
 //! tests and the bench run against is `idem-stub`.
 
@@ -117,6 +118,7 @@ pub mod problem;
 pub mod routes;
 mod service;
 pub mod upstream;
+pub mod upstreams;
 pub mod wakeup;
 pub mod window;
 
@@ -255,24 +257,11 @@ async fn start_with(
             source,
         })?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, https = tls.is_some(), upstream = %without_userinfo(&ctx.config.upstream), window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
+    let upstreams = ctx.upstreams.labels().collect::<Vec<_>>().join(", ");
+    tracing::info!(%addr, https = tls.is_some(), %upstreams, window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
     let metrics = ctx.metrics.clone();
     let handle = tokio::spawn(serve(listener, tls, ctx, shutdown));
     Ok((addr, metrics, handle))
-}
-
-/// A URL for logs: any `user:password@` dropped.
-fn without_userinfo(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let end = rest.find('/').unwrap_or(rest.len());
-            match rest[..end].rfind('@') {
-                Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
-                None => url.to_string(),
-            }
-        }
-        None => url.to_string(),
-    }
 }
 
 /// Waits until no keyed execution is in flight, or `until`.
