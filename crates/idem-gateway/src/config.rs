@@ -272,7 +272,7 @@ fn redacted(v: &mut serde_json::Value) {
     if let Some(s) = v.get_mut("upstream_token") {
         hide(s);
     }
-    if let Some(url) = v.get_mut("redis_url") {
+    let hide_userinfo = |url: &mut serde_json::Value| {
         if let Some(u) = url.as_str() {
             if let Some((scheme, rest)) = u.split_once("://") {
                 if let Some((_, host)) = rest.rsplit_once('@') {
@@ -280,6 +280,14 @@ fn redacted(v: &mut serde_json::Value) {
                 }
             }
         }
+    };
+    for field in ["redis_url", "upstream"] {
+        if let Some(url) = v.get_mut(field) {
+            hide_userinfo(url);
+        }
+    }
+    if let Some(urls) = v.get_mut("upstreams").and_then(|u| u.as_array_mut()) {
+        urls.iter_mut().for_each(hide_userinfo);
     }
 }
 
@@ -812,7 +820,8 @@ mod tests {
     #[test]
     fn debug_output_carries_no_secret() {
         let c = GatewayConfig::from_json(
-            r#"{"upstream": "http://127.0.0.1:9000", "upstream_token": "tok-secret-1",
+            r#"{"upstreams": ["http://127.0.0.1:9000", "http://u:pw-secret-5@127.0.0.1:9001"],
+                "upstream_token": "tok-secret-1",
                 "redis_url": "redis://user:pw-secret-2@127.0.0.1:6379",
                 "auth": {"api_keys": {"key-secret-3": "tenant-1"},
                          "principal_secret": "secret-of-sixteen-4"}}"#,
@@ -824,6 +833,7 @@ mod tests {
             "pw-secret-2",
             "key-secret-3",
             "secret-of-sixteen-4",
+            "pw-secret-5",
         ] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
