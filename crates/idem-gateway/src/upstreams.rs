@@ -282,7 +282,8 @@ impl Upstreams {
         match heard {
             Heard::Neither => {}
             Heard::Answer => {
-                if m.failing.swap(false, Ordering::Relaxed) {
+                // A load first: the common case (no failure) writes nothing shared.
+                if m.failing.load(Ordering::Relaxed) && m.failing.swap(false, Ordering::Relaxed) {
                     self.health().success(i);
                 }
             }
@@ -341,6 +342,14 @@ mod tests {
         )
     }
 
+    /// Three failures in a row at `at`: `i` is out.
+    fn eject(h: &mut Health, i: usize, at: Instant) {
+        for _ in 0..3 {
+            h.failure(i, at);
+        }
+        assert!(h.is_ejected(i, at));
+    }
+
     fn ms(t: Instant, ms: u64) -> Instant {
         t + Duration::from_millis(ms)
     }
@@ -376,9 +385,7 @@ mod tests {
     fn failures_sent_before_an_ejection_do_not_extend_it() {
         let t = Instant::now();
         let mut h = health(1);
-        for _ in 0..3 {
-            h.failure(0, t);
-        }
+        eject(&mut h, 0, t);
         assert!(!h.failure(0, ms(t, 4_000)), "already out");
         assert!(!h.is_ejected(0, ms(t, 5_000)), "ends when the first said");
     }
@@ -387,9 +394,7 @@ mod tests {
     fn after_an_ejection_one_failure_ejects_again_and_one_answer_clears_it() {
         let t = Instant::now();
         let mut h = health(1);
-        for _ in 0..3 {
-            h.failure(0, t);
-        }
+        eject(&mut h, 0, t);
         let back = ms(t, 5_000);
         assert!(h.failure(0, back), "on probation: one failure is enough");
         assert!(h.is_ejected(0, ms(back, 4_999)));
@@ -415,9 +420,7 @@ mod tests {
     fn an_ejected_upstream_gets_nothing_while_another_is_healthy() {
         let t = Instant::now();
         let mut h = health(2);
-        for _ in 0..3 {
-            h.failure(0, t);
-        }
+        eject(&mut h, 0, t);
         let loads = [0, 100];
         for start in 0..2 {
             assert_eq!(h.choose(ms(t, 1), start, None, |i| loads[i]), 1);
@@ -430,9 +433,7 @@ mod tests {
         let t = Instant::now();
         let mut h = health(2);
         assert_eq!(h.choose(t, 0, Some(0), |_| 0), 1);
-        for _ in 0..3 {
-            h.failure(1, t);
-        }
+        eject(&mut h, 1, t);
         assert_eq!(h.choose(t, 0, Some(0), |_| 0), 0, "the only healthy one");
     }
 
@@ -441,9 +442,7 @@ mod tests {
         let t = Instant::now();
         let mut h = health(3);
         for (i, at) in [(0, 300), (1, 100), (2, 200)] {
-            for _ in 0..3 {
-                h.failure(i, ms(t, at));
-            }
+            eject(&mut h, i, ms(t, at));
         }
         assert_eq!(h.healthy(ms(t, 300)), 0);
         for start in 0..3 {
@@ -451,9 +450,7 @@ mod tests {
             assert_eq!(h.choose(ms(t, 300), start, Some(1), |_| 0), 2, "the next");
         }
         let mut one = health(1);
-        for _ in 0..3 {
-            one.failure(0, t);
-        }
+        eject(&mut one, 0, t);
         assert_eq!(one.choose(t, 0, Some(0), |_| 0), 0, "the only one");
     }
 }

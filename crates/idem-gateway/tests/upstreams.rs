@@ -19,6 +19,18 @@ async fn silent() -> (String, tokio::task::JoinHandle<()>) {
     (url, task)
 }
 
+/// The test gateway configuration, fronting `upstreams`.
+fn fronting(upstreams: &[&str]) -> idem_gateway::GatewayConfig {
+    let mut cfg = config("");
+    cfg.upstream.clear();
+    cfg.upstreams = upstreams.iter().map(|u| u.to_string()).collect();
+    cfg
+}
+
+async fn get(c: &reqwest::Client, url: String) -> reqwest::Response {
+    c.get(url).send().await.unwrap()
+}
+
 /// A port nothing listens on.
 fn refused() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -29,9 +41,7 @@ fn refused() -> String {
 async fn a_silent_upstream_is_ejected_and_every_key_completes_on_the_other() {
     let up = stub().await;
     let (dead, _task) = silent().await;
-    let mut cfg = config("");
-    cfg.upstream.clear();
-    cfg.upstreams = vec![dead.clone(), up.url()];
+    let mut cfg = fronting(&[&dead, &up.url()]);
     cfg.upstream_timeout_ms = 300;
     cfg.upstream_health.eject_ms = 60_000;
     let gw = idem_gateway::start(cfg).await.unwrap();
@@ -50,22 +60,16 @@ async fn a_silent_upstream_is_ejected_and_every_key_completes_on_the_other() {
     // Ejected after its third timeout: nothing new goes there.
     assert_eq!(m.upstream_requests(&dead), 3);
     assert_eq!(m.uncertain_results(), 3);
-    let health: serde_json::Value = c
-        .get(format!("{}/_idem/health", gw.url()))
-        .send()
+    let health: serde_json::Value = get(&c, format!("{}/_idem/health", gw.url()))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
     assert_eq!(health["upstreams"], 2);
     assert_eq!(health["upstreams_healthy"], 1);
     assert_eq!(health["upstreams_ejected"], serde_json::json!([dead]));
-    let text = c
-        .get(format!("{}/_idem/metrics", gw.url()))
-        .send()
+    let text = get(&c, format!("{}/_idem/metrics", gw.url()))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -83,10 +87,9 @@ async fn a_silent_upstream_is_ejected_and_every_key_completes_on_the_other() {
 async fn a_refused_connection_goes_to_the_next_upstream_at_once() {
     let up = stub().await;
     let dead = refused();
-    let mut cfg = config("");
-    cfg.upstream.clear();
-    cfg.upstreams = vec![dead.clone(), up.url()];
-    let gw = idem_gateway::start(cfg).await.unwrap();
+    let gw = idem_gateway::start(fronting(&[&dead, &up.url()]))
+        .await
+        .unwrap();
     let c = client();
     for _ in 0..6 {
         let key = fresh("refused");
@@ -98,7 +101,7 @@ async fn a_refused_connection_goes_to_the_next_upstream_at_once() {
     // Pass-through bodies stream, so they are not retried: with the refusing upstream
     // ejected they all go to the other one.
     for _ in 0..4 {
-        let r = c.get(format!("{}/ping", gw.url())).send().await.unwrap();
+        let r = get(&c, format!("{}/ping", gw.url())).await;
         assert_eq!(r.status(), 200);
     }
     gw.stop().await.unwrap();
@@ -133,16 +136,14 @@ async fn unavailable() -> String {
 async fn a_5xx_is_an_answer_and_no_answer_is_a_failure() {
     let busy = unavailable().await;
     let dead = refused();
-    let mut cfg = config("");
-    cfg.upstream.clear();
-    cfg.upstreams = vec![busy.clone(), dead.clone()];
+    let mut cfg = fronting(&[&busy, &dead]);
     cfg.upstream_health.consecutive_failures = 1;
     cfg.upstream_health.eject_ms = 60_000;
     let gw = idem_gateway::start(cfg).await.unwrap();
     let c = client();
     let mut statuses = Vec::new();
     for _ in 0..6 {
-        let r = c.get(format!("{}/ping", gw.url())).send().await.unwrap();
+        let r = get(&c, format!("{}/ping", gw.url())).await;
         statuses.push(r.status().as_u16());
     }
     // Idle upstreams take turns: the busy one, then the refusing one (502, not sent;
@@ -158,9 +159,7 @@ async fn a_5xx_is_an_answer_and_no_answer_is_a_failure() {
 #[tokio::test]
 async fn with_every_upstream_ejected_requests_go_to_the_one_back_first() {
     let (first, second) = (refused(), refused());
-    let mut cfg = config("");
-    cfg.upstream.clear();
-    cfg.upstreams = vec![first.clone(), second.clone()];
+    let mut cfg = fronting(&[&first, &second]);
     cfg.upstream_health.consecutive_failures = 1;
     cfg.upstream_health.eject_ms = 60_000;
     let gw = idem_gateway::start(cfg).await.unwrap();
@@ -196,10 +195,9 @@ async fn with_every_upstream_ejected_requests_go_to_the_one_back_first() {
 async fn each_upstream_gets_its_own_host() {
     let a = stub().await;
     let b = stub().await;
-    let mut cfg = config("");
-    cfg.upstream.clear();
-    cfg.upstreams = vec![a.url(), b.url()];
-    let gw = idem_gateway::start(cfg).await.unwrap();
+    let gw = idem_gateway::start(fronting(&[&a.url(), &b.url()]))
+        .await
+        .unwrap();
     let c = client();
     let mut hosts = std::collections::BTreeSet::new();
     for _ in 0..4 {

@@ -5,7 +5,6 @@
 //! again.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,34 +12,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod common;
-use common::{free_port, spawn, wait_ready, Proc};
+use common::{free_port, serve_sqlite, spawn, wait_ready};
 
 const TOKEN: &str = "fleet-secret-0001";
 /// The user every order of the test is for, so they can be listed together.
 const USER: &str = "U-fleet";
-
-/// `idem serve` on the SQLite file `db` (shared by every service of the test).
-async fn serve(db: &Path) -> (Proc, String) {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let db = format!("sqlite://{}", db.display());
-    let proc = spawn(
-        "idem serve",
-        &[
-            "--database-url",
-            &db,
-            "serve",
-            "--listen",
-            &listen,
-            "--api-key",
-            &format!("a={TOKEN}"),
-            "--sweep-every",
-            "0s",
-        ],
-    );
-    let url = format!("http://{listen}");
-    wait_ready(&format!("{url}/healthz")).await;
-    (proc, url)
-}
 
 /// One order under `key`; its status and order id (if any).
 async fn order(c: &reqwest::Client, gw: &str, key: &str) -> (u16, Option<String>) {
@@ -102,8 +78,8 @@ async fn a_stopped_service_is_routed_around_and_each_key_makes_one_order() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("orders.db");
     // One after the other: the second finds the schema migrated.
-    let (paused, paused_url) = serve(&db).await;
-    let (_live, live_url) = serve(&db).await;
+    let (paused, paused_url) = serve_sqlite(&db, &[("a", TOKEN)]).await;
+    let (_live, live_url) = serve_sqlite(&db, &[("a", TOKEN)]).await;
 
     let port = free_port();
     let config = dir.path().join("gateway.json");
