@@ -36,6 +36,14 @@
 //! instances share them; if Redis is unreachable the gateway keeps forwarding with the
 //! key and reports degraded mode.
 //!
+//! With `upstreams` one gateway fronts several copies of the service on one database:
+//! each request goes to the healthy one with the fewest requests in flight; one that
+//! fails `upstream_health.consecutive_failures` times in a row (no answer — a 5xx is an
+//! answer) gets nothing new for `upstream_health.eject_ms`; with all of them ejected the
+//! gateway still forwards, to the one back first (see [`upstreams`]). A keyed request
+//! that was never sent goes to the next one; after an uncertain result the state query
+//! and the re-send go to another healthy one, which shares the key's record.
+//!
 //! # What the upstream gets and must provide
 //!
 //! - `Idempotency-Key` exactly as the client sent it; the gateway never creates one.
