@@ -288,9 +288,12 @@ impl Upstreams {
                 }
             }
             Heard::Nothing => {
-                m.failing.store(true, Ordering::Relaxed);
                 let mut health = self.health();
-                if health.failure(i, now) {
+                let ejected = health.failure(i, now);
+                // Under the lock, after the count: an answer that clears the flag
+                // then also clears this failure.
+                m.failing.store(true, Ordering::Relaxed);
+                if ejected {
                     let healthy = health.healthy(now);
                     drop(health);
                     m.ejections.inc();
