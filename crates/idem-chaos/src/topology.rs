@@ -184,7 +184,8 @@ pub struct Topology {
     pub nats_stream: String,
     pub services: Vec<Node>,
     pub gateways: Vec<Node>,
-    /// gateway → service, one per service.
+    /// gateways → service, one per service: every gateway fronts every service, each
+    /// through its proxy.
     pub to_service: Vec<FaultProxy>,
     /// service → PostgreSQL, one per service.
     pub to_postgres: Vec<FaultProxy>,
@@ -375,12 +376,18 @@ impl Topology {
         }
         let mut redis_via_proxy = redis.clone();
         via(&mut redis_via_proxy, self.to_redis.addr())?;
+        // Every gateway fronts every service: a paused service or a killed gateway
+        // takes no path to the database away.
+        let upstreams: Vec<String> = self
+            .to_service
+            .iter()
+            .map(|p| format!("http://{}", p.addr()))
+            .collect();
         for j in 0..gateways {
             let port = free_port()?;
-            let upstream = self.to_service[j % self.to_service.len()].addr();
             let config = json!({
                 "listen": format!("127.0.0.1:{port}"),
-                "upstream": format!("http://{upstream}"),
+                "upstreams": upstreams,
                 "redis_url": redis_via_proxy.to_string(),
                 "redis_prefix": self.redis_prefix,
                 "lease_ms": 2_000,

@@ -26,11 +26,18 @@ pub struct GatewayConfig {
     /// Address to listen on. Port 0 picks a free port (see [`crate::bind`]).
     pub listen: SocketAddr,
     /// The upstream base URL: `http://host:port` or `https://host[:port]`, with an
-    /// optional path prefix. Required to start; a file may leave it out when the command
-    /// line supplies it (`--upstream`).
+    /// optional path prefix. This or `upstreams` is required to start; a file may leave
+    /// both out when the command line supplies them (`--upstream`, repeatable).
     pub upstream: String,
+    /// Several upstream base URLs (instead of `upstream`), each like `upstream`: copies
+    /// of one service on one database. Each request goes to one of them (see
+    /// [`crate::upstreams`]), and one that stops answering is left out for a while
+    /// (`upstream_health`).
+    pub upstreams: Vec<String>,
+    /// When an upstream is left out: consecutive failures, and for how long.
+    pub upstream_health: UpstreamHealthConfig,
     /// For an `https://` upstream: a private CA (PEM) its certificate may chain to,
-    /// besides the Mozilla roots.
+    /// besides the Mozilla roots. Applies to every upstream.
     pub upstream_ca_file: Option<PathBuf>,
     /// Serve HTTPS: the certificate chain and its private key (PEM files), both or
     /// neither.
@@ -70,7 +77,11 @@ pub struct GatewayConfig {
     pub max_wait_ms: u64,
     /// Bound on one upstream exchange: response head for pass-through routes; head and
     /// body for keyed routes. Past it on a keyed route the result is uncertain and the
-    /// gateway asks the upstream for the key's state.
+    /// gateway asks the upstream for the key's state. Default 5 s: half of a client's
+    /// usual 10 s attempt (idem-client's default), so a keyed request stuck on a paused
+    /// upstream still has time, within that one attempt, for the state query and a
+    /// same-key re-send to another upstream; a slower upstream that is still working is
+    /// waited for through the state query (up to `max_wait_ms`).
     pub upstream_timeout_ms: u64,
     /// Bound on connecting to the upstream.
     pub upstream_connect_timeout_ms: u64,
@@ -134,6 +145,8 @@ impl Default for GatewayConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             upstream: String::new(),
+            upstreams: Vec::new(),
+            upstream_health: UpstreamHealthConfig::default(),
             upstream_ca_file: None,
             tls_cert_file: None,
             tls_key_file: None,
@@ -148,7 +161,7 @@ impl Default for GatewayConfig {
             max_buffered_body_bytes: 64 * 1024 * 1024,
             lease_ms: 10_000,
             max_wait_ms: 30_000,
-            upstream_timeout_ms: 30_000,
+            upstream_timeout_ms: 5_000,
             upstream_connect_timeout_ms: 2_000,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 10_000,
@@ -259,7 +272,7 @@ fn redacted(v: &mut serde_json::Value) {
     if let Some(s) = v.get_mut("upstream_token") {
         hide(s);
     }
-    if let Some(url) = v.get_mut("redis_url") {
+    let hide_userinfo = |url: &mut serde_json::Value| {
         if let Some(u) = url.as_str() {
             if let Some((scheme, rest)) = u.split_once("://") {
                 if let Some((_, host)) = rest.rsplit_once('@') {
@@ -267,6 +280,14 @@ fn redacted(v: &mut serde_json::Value) {
                 }
             }
         }
+    };
+    for field in ["redis_url", "upstream"] {
+        if let Some(url) = v.get_mut(field) {
+            hide_userinfo(url);
+        }
+    }
+    if let Some(urls) = v.get_mut("upstreams").and_then(|u| u.as_array_mut()) {
+        urls.iter_mut().for_each(hide_userinfo);
     }
 }
 
@@ -357,6 +378,29 @@ impl ApiKeyEntry {
             other => {
                 Principal::new(other.tenant().as_str()).expect("a tenant id is a valid principal")
             }
+        }
+    }
+}
+
+/// Passive health of the upstreams, as reverse proxies do it (nginx `max_fails` and
+/// `fail_timeout`, Envoy's outlier detection): an upstream that fails
+/// `consecutive_failures` times in a row gets no new requests for `eject_ms`. A
+/// failure is no answer: a connect failure, a timeout, a connection that broke before
+/// the answer was in. Any answer, a 5xx included, is a success and resets the count.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamHealthConfig {
+    /// Failures in a row that leave an upstream out. Default 3.
+    pub consecutive_failures: u32,
+    /// How long it stays out. Default 5 s.
+    pub eject_ms: u64,
+}
+
+impl Default for UpstreamHealthConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 3,
+            eject_ms: 5_000,
         }
     }
 }
@@ -485,7 +529,7 @@ impl GatewayConfig {
         }
         let config: GatewayConfig = serde_json::from_value(value)
             .map_err(|e| GatewayError::Config(format!("settings from the environment: {e}")))?;
-        config.check(config.upstream.is_empty())?;
+        config.check(config.upstream_urls().is_empty())?;
         Ok(config)
     }
 
@@ -493,7 +537,7 @@ impl GatewayConfig {
     pub fn from_toml(text: &str) -> Result<Self, GatewayError> {
         let config: GatewayConfig =
             toml::from_str(text).map_err(|e| GatewayError::Config(e.to_string()))?;
-        config.check(config.upstream.is_empty())?;
+        config.check(config.upstream_urls().is_empty())?;
         Ok(config)
     }
 
@@ -502,7 +546,7 @@ impl GatewayConfig {
     pub fn from_json(text: &str) -> Result<Self, GatewayError> {
         let config: GatewayConfig =
             serde_json::from_str(text).map_err(|e| GatewayError::Config(e.to_string()))?;
-        config.check(config.upstream.is_empty())?;
+        config.check(config.upstream_urls().is_empty())?;
         Ok(config)
     }
 
@@ -513,14 +557,24 @@ impl GatewayConfig {
 
     fn check(&self, upstream_may_be_missing: bool) -> Result<(), GatewayError> {
         let bad = |msg: String| Err(GatewayError::Config(msg));
-        if self.upstream.is_empty() {
-            if !upstream_may_be_missing {
-                return bad(
-                    "upstream is required (--upstream URL or \"upstream\" in the file)".into(),
-                );
+        if !self.upstream.is_empty() && !self.upstreams.is_empty() {
+            return bad("give upstream (one URL) or upstreams (a list), not both".into());
+        }
+        if self.upstream_urls().is_empty() && !upstream_may_be_missing {
+            return bad(
+                "upstream or upstreams is required (--upstream URL, repeatable, or \"upstream\" / \"upstreams\" in the file)"
+                    .into(),
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for url in self.upstream_urls() {
+            crate::upstream::UpstreamBase::parse(url)?;
+            if !seen.insert(crate::upstream::without_userinfo(url)) {
+                return bad(format!("upstreams lists {url:?} twice"));
             }
-        } else {
-            crate::upstream::UpstreamBase::parse(&self.upstream)?;
+        }
+        if self.upstream_health.consecutive_failures == 0 {
+            return bad("upstream_health.consecutive_failures must be positive".into());
         }
         if let Err(e) =
             idem_net::tls::CertFiles::pair(self.tls_cert_file.clone(), self.tls_key_file.clone())
@@ -563,6 +617,7 @@ impl GatewayConfig {
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("redis_timeout_ms", self.redis_timeout_ms),
             ("state_query.timeout_ms", self.state_query.timeout_ms),
+            ("upstream_health.eject_ms", self.upstream_health.eject_ms),
             ("shutdown_grace_ms", self.shutdown_grace_ms),
         ] {
             if v == 0 {
@@ -661,6 +716,31 @@ impl GatewayConfig {
         Ok(())
     }
 
+    /// The upstream URLs: `upstreams`, or `upstream` alone (none when neither is set).
+    pub fn upstream_urls(&self) -> Vec<&str> {
+        if self.upstreams.is_empty() && !self.upstream.is_empty() {
+            vec![self.upstream.as_str()]
+        } else {
+            self.upstreams.iter().map(String::as_str).collect()
+        }
+    }
+
+    /// Sets the upstreams from the command line: one URL as `upstream`, several as
+    /// `upstreams`; whatever the file said is replaced.
+    pub fn set_upstreams(&mut self, mut urls: Vec<String>) {
+        if urls.len() == 1 {
+            self.upstream = urls.remove(0);
+            self.upstreams.clear();
+        } else {
+            self.upstream.clear();
+            self.upstreams = urls;
+        }
+    }
+
+    pub fn upstream_eject(&self) -> Duration {
+        ms(self.upstream_health.eject_ms)
+    }
+
     /// The most one partition may hold of the in-process window.
     pub fn partition_window_bytes(&self) -> usize {
         self.window_partition_bytes
@@ -740,7 +820,8 @@ mod tests {
     #[test]
     fn debug_output_carries_no_secret() {
         let c = GatewayConfig::from_json(
-            r#"{"upstream": "http://127.0.0.1:9000", "upstream_token": "tok-secret-1",
+            r#"{"upstreams": ["http://127.0.0.1:9000", "http://u:pw-secret-5@127.0.0.1:9001"],
+                "upstream_token": "tok-secret-1",
                 "redis_url": "redis://user:pw-secret-2@127.0.0.1:6379",
                 "auth": {"api_keys": {"key-secret-3": "tenant-1"},
                          "principal_secret": "secret-of-sixteen-4"}}"#,
@@ -752,6 +833,7 @@ mod tests {
             "pw-secret-2",
             "key-secret-3",
             "secret-of-sixteen-4",
+            "pw-secret-5",
         ] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
@@ -766,6 +848,48 @@ mod tests {
         let mut c = GatewayConfig::from_json(r#"{"window_ms": 1000}"#).unwrap();
         assert!(c.validate().is_err(), "starting needs an upstream");
         c.upstream = "http://127.0.0.1:1".into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn one_upstream_or_a_list_never_both() {
+        let one = GatewayConfig::from_json(r#"{"upstream": "http://127.0.0.1:9000"}"#).unwrap();
+        assert_eq!(one.upstream_urls(), ["http://127.0.0.1:9000"]);
+        let many = GatewayConfig::from_json(
+            r#"{"upstreams": ["http://127.0.0.1:9000", "https://svc-2/api"],
+                "upstream_health": {"eject_ms": 1000}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            many.upstream_urls(),
+            ["http://127.0.0.1:9000", "https://svc-2/api"]
+        );
+        assert_eq!(many.upstream_health.consecutive_failures, 3);
+        assert_eq!(many.upstream_eject(), Duration::from_secs(1));
+        let both =
+            GatewayConfig::from_json(r#"{"upstream": "http://a:1", "upstreams": ["http://b:1"]}"#)
+                .unwrap_err()
+                .to_string();
+        assert!(
+            both.contains("upstream") && both.contains("upstreams") && both.contains("not both"),
+            "{both}"
+        );
+        let neither = GatewayConfig::default().validate().unwrap_err().to_string();
+        assert!(neither.contains("upstream or upstreams"), "{neither}");
+        for bad in [
+            r#"{"upstreams": ["http://a:1", "ftp://b"]}"#,
+            r#"{"upstreams": ["http://a:1", "http://u:pw@a:1"]}"#,
+            r#"{"upstreams": ["http://a:1"], "upstream_health": {"consecutive_failures": 0}}"#,
+            r#"{"upstreams": ["http://a:1"], "upstream_health": {"eject_ms": 0}}"#,
+        ] {
+            assert!(GatewayConfig::from_json(bad).is_err(), "{bad}");
+        }
+        // The command line replaces the file's, one URL or several.
+        let mut c = many.clone();
+        c.set_upstreams(vec!["http://c:1".into()]);
+        assert_eq!((c.upstream.as_str(), c.upstreams.len()), ("http://c:1", 0));
+        c.set_upstreams(vec!["http://c:1".into(), "http://d:1".into()]);
+        assert!(c.upstream.is_empty());
         c.validate().unwrap();
     }
 

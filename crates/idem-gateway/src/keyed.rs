@@ -16,8 +16,9 @@
 //!                               ─ shared, unreachable ─▶ forward with the key (degraded)
 //!
 //! forward ─▶ complete response ─────────────▶ it
-//!         ─▶ not sent (connect failed) ──────▶ 502
-//!         ─▶ uncertain (timeout, broken) ───▶ ask the upstream for the key's state:
+//!         ─▶ not sent (connect failed) ──────▶ the next upstream; 502 once each failed
+//!         ─▶ uncertain (timeout, broken) ───▶ ask an upstream (another one, if healthy)
+//!                                               for the key's state:
 //!              processing ─▶ ask again until the wait runs out, then 409 + Retry-After;
 //!              done or absent ─▶ re-send the same request with the same key (bounded):
 //!                 the upstream's record answers (its replay, or 422 for another request);
@@ -52,6 +53,7 @@ use crate::body::Body;
 use crate::problem::{Problem, ProblemKind};
 use crate::service::Ctx;
 use crate::upstream::{Captured, Exchange, KeyState};
+use crate::upstreams::Heard;
 
 /// A keyed request, buffered and fingerprinted, its headers ready for the upstream.
 #[derive(Debug)]
@@ -480,16 +482,7 @@ fn state_query_headers(ctx: &Ctx, headers: &HeaderMap) -> HeaderMap {
 /// safe exactly because the upstream has a record of the key; the state query's job is
 /// to wait out an execution still running there.
 async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
-    ctx.metrics.upstream_call("keyed");
-    let send = || {
-        ctx.upstream.exchange(
-            &req.method,
-            &req.path_and_query,
-            &req.headers,
-            req.body.clone(),
-        )
-    };
-    let mut exchange = send().await;
+    let (mut last, mut exchange) = send(ctx, req, None).await;
     let mut resends_left = ctx.config.state_query.max_retries;
     let mut resent = false;
     loop {
@@ -524,7 +517,7 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
                 why
             }
         };
-        let reason = match settle(ctx, req, &why).await {
+        let reason = match settle(ctx, req, &why, last).await {
             Settled::Answer(r) => return *r,
             Settled::Stored => "the upstream holds a result for the key",
             Settled::Absent => "the upstream reports the key absent",
@@ -542,9 +535,37 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Resolution {
         resends_left -= 1;
         resent = true;
         ctx.metrics.resend();
-        ctx.metrics.upstream_call("keyed");
         tracing::info!(scope = %req.scope, reason, "re-sending with the same key");
-        exchange = send().await;
+        (last, exchange) = send(ctx, req, Some(last)).await;
+    }
+}
+
+/// One send of the request, to an upstream other than `avoid` when another is healthy.
+/// A send that never left (connect failed) goes to the next upstream, up to one try
+/// each: it cannot have taken effect. Returns the upstream the last try went to.
+async fn send(ctx: &Ctx, req: &KeyedRequest, mut avoid: Option<usize>) -> (usize, Exchange) {
+    let mut tries = ctx.upstreams.len();
+    loop {
+        ctx.metrics.upstream_call("keyed");
+        let upstream = ctx.upstreams.pick(avoid);
+        let exchange = upstream
+            .client()
+            .exchange(
+                &req.method,
+                &req.path_and_query,
+                &req.headers,
+                req.body.clone(),
+            )
+            .await;
+        upstream.heard(Heard::from(&exchange));
+        tries -= 1;
+        match exchange {
+            Exchange::NotSent(e) if tries > 0 => {
+                tracing::debug!(scope = %req.scope, error = %e, "not sent; trying the next upstream");
+                avoid = Some(upstream.index());
+            }
+            exchange => return (upstream.index(), exchange),
+        }
     }
 }
 
@@ -570,11 +591,14 @@ enum Settled {
 /// the key in progress (the first attempt is still running there, say after a pause),
 /// asks again until the duplicate wait runs out: the business state decides, never a
 /// new key.
-async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str) -> Settled {
+async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str, failed_on: usize) -> Settled {
     let deadline = Instant::now() + ctx.config.max_wait();
     loop {
-        let state = ctx
-            .upstream
+        // Any upstream will do (they share one database); the one that just failed to
+        // answer only when no other is healthy.
+        let upstream = ctx.upstreams.pick(Some(failed_on));
+        let state = upstream
+            .client()
             .query_state(
                 &ctx.state_method,
                 &ctx.config.state_query.path,
@@ -583,6 +607,8 @@ async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str) -> Settled {
                 ctx.config.state_query_timeout(),
             )
             .await;
+        upstream.heard(Heard::from(&state));
+        drop(upstream);
         match state {
             Ok(KeyState::Done(_)) => {
                 ctx.metrics.state_query("succeeded");

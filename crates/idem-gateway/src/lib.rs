@@ -36,6 +36,14 @@
 //! instances share them; if Redis is unreachable the gateway keeps forwarding with the
 //! key and reports degraded mode.
 //!
+//! With `upstreams` one gateway fronts several copies of the service on one database:
+//! each request goes to the healthy one with the fewest requests in flight; one that
+//! fails `upstream_health.consecutive_failures` times in a row (no answer — a 5xx is an
+//! answer) gets nothing new for `upstream_health.eject_ms`; with all of them ejected the
+//! gateway still forwards, to the one back first (see [`upstreams`]). A keyed request
+//! that was never sent goes to the next one; after an uncertain result the state query
+//! and the re-send go to another healthy one, which shares the key's record.
+//!
 //! # What the upstream gets and must provide
 //!
 //! - `Idempotency-Key` exactly as the client sent it; the gateway never creates one.
@@ -97,7 +105,8 @@
 //! ```
 //!
 //! Modules: [`config`] (the JSON file), [`routes`], [`auth`], [`memory`] (the in-process
-//! window store), [`window`], [`wakeup`], [`upstream`] (client, state query), [`problem`],
+//! window store), [`window`], [`wakeup`], [`upstream`] (client, state query),
+//! [`upstreams`] (choosing one per request, passive health), [`problem`],
 //! [`metrics`]. The benchmark is in `idem-bench`; the business-service stand-in the
 //! tests and the bench run against is `idem-stub`.
 
@@ -117,6 +126,7 @@ pub mod problem;
 pub mod routes;
 mod service;
 pub mod upstream;
+pub mod upstreams;
 pub mod wakeup;
 pub mod window;
 
@@ -255,24 +265,11 @@ async fn start_with(
             source,
         })?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, https = tls.is_some(), upstream = %without_userinfo(&ctx.config.upstream), window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
+    let upstreams = ctx.upstreams.labels().collect::<Vec<_>>().join(", ");
+    tracing::info!(%addr, https = tls.is_some(), %upstreams, window = idem_core::IdempotencyStore::backend(&ctx.window), instance = %ctx.instance, "idem gateway listening");
     let metrics = ctx.metrics.clone();
     let handle = tokio::spawn(serve(listener, tls, ctx, shutdown));
     Ok((addr, metrics, handle))
-}
-
-/// A URL for logs: any `user:password@` dropped.
-fn without_userinfo(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let end = rest.find('/').unwrap_or(rest.len());
-            match rest[..end].rfind('@') {
-                Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
-                None => url.to_string(),
-            }
-        }
-        None => url.to_string(),
-    }
 }
 
 /// Waits until no keyed execution is in flight, or `until`.

@@ -18,6 +18,11 @@
 //! | `idem_gateway_caller_quota_refusals_total` | new keys refused because their caller's share (window bytes, keys in progress) was used up |
 //! | `idem_gateway_body_budget_refusals_total` | keyed requests refused because the body buffering budget was used up |
 //! | `idem_gateway_buffered_body_bytes` | bytes of keyed request bodies buffered now |
+//! | `idem_gateway_upstream_requests_total{upstream}` | requests sent to each upstream (state queries and re-sends included) |
+//! | `idem_gateway_upstream_ejections_total{upstream}` | times an upstream was left out after failing in a row |
+//! | `idem_gateway_upstreams_healthy` | upstreams not ejected (as of the last failure or scrape) |
+//!
+//! The `upstream` label is the upstream's URL without any `user:password@`.
 
 use std::sync::atomic::AtomicI64;
 
@@ -28,6 +33,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 type Labels = [(&'static str, &'static str); 1];
+/// By upstream URL (credentials stripped).
+type UpstreamLabel = [(&'static str, String); 1];
 
 /// The gateway's counters. Cheap to read from tests through the getters.
 pub struct GatewayMetrics {
@@ -47,6 +54,9 @@ pub struct GatewayMetrics {
     caller_quota_refusals: Counter,
     body_budget_refusals: Counter,
     buffered_body_bytes: Gauge<i64, AtomicI64>,
+    upstream_requests: Family<UpstreamLabel, Counter>,
+    upstream_ejections: Family<UpstreamLabel, Counter>,
+    upstreams_healthy: Gauge<i64, AtomicI64>,
     /// Hot-path handles into the families above (no label hashing per request).
     hot: [Counter; 5],
 }
@@ -85,6 +95,9 @@ impl GatewayMetrics {
             caller_quota_refusals: Counter::default(),
             body_budget_refusals: Counter::default(),
             buffered_body_bytes: Gauge::default(),
+            upstream_requests: Family::default(),
+            upstream_ejections: Family::default(),
+            upstreams_healthy: Gauge::default(),
             hot: Default::default(),
         };
         registry.register("requests", "Requests received", m.requests.clone());
@@ -153,6 +166,21 @@ impl GatewayMetrics {
             "buffered_body_bytes",
             "Bytes of keyed request bodies buffered now",
             m.buffered_body_bytes.clone(),
+        );
+        registry.register(
+            "upstream_requests",
+            "Requests sent to each upstream, state queries and re-sends included",
+            m.upstream_requests.clone(),
+        );
+        registry.register(
+            "upstream_ejections",
+            "Times an upstream was left out after failing in a row",
+            m.upstream_ejections.clone(),
+        );
+        registry.register(
+            "upstreams_healthy",
+            "Upstreams not ejected",
+            m.upstreams_healthy.clone(),
         );
         // Through a function: each family read guard is gone before the next
         // get_or_create takes the write lock (in one array literal they would all live
@@ -228,6 +256,27 @@ impl GatewayMetrics {
     }
     pub(crate) fn buffered_body_bytes(&self, delta: i64) {
         self.buffered_body_bytes.inc_by(delta);
+    }
+    /// One upstream's request and ejection counters (`label` free of credentials).
+    pub(crate) fn upstream(&self, label: &str) -> (Counter, Counter) {
+        let l = [("upstream", label.to_string())];
+        let requests = self.upstream_requests.get_or_create(&l).clone();
+        let ejections = self.upstream_ejections.get_or_create(&l).clone();
+        (requests, ejections)
+    }
+    pub(crate) fn set_upstreams_healthy(&self, n: usize) {
+        self.upstreams_healthy.set(n as i64);
+    }
+    pub fn upstream_requests(&self, label: &str) -> u64 {
+        let l = [("upstream", label.to_string())];
+        self.upstream_requests.get_or_create(&l).get()
+    }
+    pub fn upstream_ejections(&self, label: &str) -> u64 {
+        let l = [("upstream", label.to_string())];
+        self.upstream_ejections.get_or_create(&l).get()
+    }
+    pub fn upstreams_healthy(&self) -> u64 {
+        self.upstreams_healthy.get().max(0) as u64
     }
     pub fn window_full_refusals(&self) -> u64 {
         self.window_full_refusals.get()

@@ -34,6 +34,7 @@ use crate::metrics::GatewayMetrics;
 use crate::problem::{Problem, ProblemKind};
 use crate::routes::RouteTable;
 use crate::upstream::{PassError, Upstream, UpstreamBase};
+use crate::upstreams::{HealthPolicy, Heard, Upstreams};
 use crate::window::Window;
 use idem_core::Identity;
 
@@ -78,7 +79,7 @@ pub(crate) struct Ctx {
     pub config: GatewayConfig,
     pub routes: RouteTable,
     pub auth: ApiKeys,
-    pub upstream: Upstream,
+    pub upstreams: Upstreams,
     pub window: Window,
     pub flights: Arc<Flights>,
     /// Keys each partition has executing here.
@@ -92,7 +93,6 @@ pub(crate) struct Ctx {
     pub principal_header: HeaderName,
     pub token: Option<HeaderValue>,
     pub state_method: Method,
-    upstream_host: HeaderValue,
     /// Response headers never stored or replayed (always `set-cookie`).
     pub per_caller: Vec<HeaderName>,
     /// Request headers a state query repeats to authenticate as the caller.
@@ -125,17 +125,29 @@ impl Ctx {
             .map(|ca| idem_net::tls::client_config(Some(ca), true))
             .transpose()
             .map_err(|e| GatewayError::Config(format!("upstream TLS: {e}")))?;
-        let upstream = Upstream::new(
-            UpstreamBase::parse(&config.upstream)?,
-            upstream_tls,
-            config.upstream_connect_timeout(),
-            config.upstream_timeout(),
-            config.max_response_bytes,
-        )?;
+        let clients = config
+            .upstream_urls()
+            .into_iter()
+            .map(|url| {
+                let client = Upstream::new(
+                    UpstreamBase::parse(url)?,
+                    upstream_tls.clone(),
+                    config.upstream_connect_timeout(),
+                    config.upstream_timeout(),
+                    config.max_response_bytes,
+                )?;
+                Ok((client, url))
+            })
+            .collect::<Result<Vec<_>, GatewayError>>()?;
+        let upstreams = Upstreams::new(
+            clients,
+            HealthPolicy {
+                consecutive_failures: config.upstream_health.consecutive_failures,
+                eject: config.upstream_eject(),
+            },
+            metrics.clone(),
+        );
         let header = crate::auth::header_name;
-        let base = UpstreamBase::parse(&config.upstream)?;
-        let upstream_host = HeaderValue::from_str(base.authority().as_str())
-            .map_err(|_| GatewayError::Config("bad upstream authority".into()))?;
         let auth = ApiKeys::new(&config.auth, config.redis_url.is_some())?;
         let mut per_caller = vec![http::header::SET_COOKIE];
         for h in &config.per_caller_response_headers {
@@ -145,7 +157,6 @@ impl Ctx {
             }
         }
         Ok(Self {
-            upstream_host,
             routes: RouteTable::compile(&config.routes)?,
             state_credentials: auth.forwarded_credentials(),
             auth,
@@ -163,7 +174,7 @@ impl Ctx {
                 .map_err(|_| GatewayError::Config("bad upstream_token".into()))?,
             state_method: Method::from_bytes(config.state_query.method.as_bytes())
                 .map_err(|_| GatewayError::Config("bad state_query.method".into()))?,
-            upstream,
+            upstreams,
             window,
             flights: Arc::default(),
             in_progress: Arc::new(keyed::InProgress::new(config.max_in_progress_per_caller)),
@@ -249,9 +260,9 @@ impl Ctx {
                 }
             }
         }
-        // The upstream gets its own authority as Host; the client's goes along as
-        // X-Forwarded-Host (a trusted proxy's own X-Forwarded-Host stays).
-        if let Some(host) = headers.insert(HOST, self.upstream_host.clone()) {
+        // The upstream gets its own authority as Host (set when it is chosen); the
+        // client's goes along as X-Forwarded-Host (a trusted proxy's own stays).
+        if let Some(host) = headers.remove(HOST) {
             if !headers.contains_key(X_FORWARDED_HOST) {
                 headers.insert(X_FORWARDED_HOST, host);
             }
@@ -409,6 +420,7 @@ fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
     match rest {
         "/metrics" => {
             ctx.metrics.set_window_full(ctx.window.is_full());
+            ctx.upstreams.healthy();
             let mut r = Response::new(full(ctx.metrics.encode()));
             r.headers_mut().insert(
                 CONTENT_TYPE,
@@ -465,6 +477,9 @@ fn admin(ctx: &Ctx, rest: &str) -> Response<Body> {
                     "shared_window": ctx.window.is_shared(),
                     "instance": ctx.instance,
                     "in_flight": ctx.flights.len(),
+                    "upstreams": ctx.upstreams.len(),
+                    "upstreams_healthy": ctx.upstreams.healthy(),
+                    "upstreams_ejected": ctx.upstreams.ejected(),
                 }),
             )
         }
@@ -491,7 +506,8 @@ async fn passthrough(
 ) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
     ctx.prepare_headers(&mut parts.headers, identity.as_ref(), peer);
-    parts.uri = ctx.upstream.base().target(&parts.uri);
+    let upstream = ctx.upstreams.pick(None);
+    parts.uri = upstream.client().base().target(&parts.uri);
     parts.version = Version::HTTP_11;
     // Streamed, not buffered; a stalled client body fails the upstream request.
     let body = if body.is_end_stream() {
@@ -500,7 +516,13 @@ async fn passthrough(
         IdleTimeout::new(body, ctx.config.body_read_timeout()).boxed_unsync()
     };
     ctx.metrics.upstream_call("passthrough");
-    match ctx.upstream.pass(Request::from_parts(parts, body)).await {
+    let passed = upstream
+        .client()
+        .pass(Request::from_parts(parts, body))
+        .await;
+    upstream.heard(Heard::from(&passed));
+    drop(upstream);
+    match passed {
         Ok(resp) => resp,
         Err(PassError::NotSent(e)) => ctx.problem(
             Problem::new(

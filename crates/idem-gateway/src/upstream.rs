@@ -218,6 +218,11 @@ impl Upstream {
         &self.base
     }
 
+    /// The `Host` this upstream gets.
+    pub fn host(&self) -> &HeaderValue {
+        &self.host
+    }
+
     /// Sends `req` (origin-form target, Host set by the caller) within the timeout.
     async fn send(
         &self,
@@ -237,7 +242,8 @@ impl Upstream {
 
     /// Streams a request through: the body is not buffered; the response head must
     /// arrive within the timeout, the response body then streams back.
-    pub async fn pass(&self, req: Request<Body>) -> Result<Response<Body>, PassError> {
+    pub async fn pass(&self, mut req: Request<Body>) -> Result<Response<Body>, PassError> {
+        req.headers_mut().insert(HOST, self.host.clone());
         match self.send(req).await {
             Err(_) => Err(PassError::Timeout),
             Ok(Err(SendError::NotSent(e))) => Err(PassError::NotSent(e)),
@@ -266,6 +272,7 @@ impl Upstream {
         *req.method_mut() = method.clone();
         *req.uri_mut() = self.base.uri(path_and_query);
         *req.headers_mut() = headers.clone();
+        req.headers_mut().insert(HOST, self.host.clone());
         let run = async {
             let (resp, sender) = match self.send(req).await {
                 Err(_) => {
@@ -315,7 +322,7 @@ impl Upstream {
         key: &str,
         identity_headers: &HeaderMap,
         timeout: Duration,
-    ) -> Result<KeyState, String> {
+    ) -> Result<KeyState, StateError> {
         let path = path_template.replace("{key}", &percent_encode(key));
         let mut req = Request::new(empty());
         *req.method_mut() = method.clone();
@@ -338,13 +345,49 @@ impl Upstream {
         };
         let (status, body) = tokio::time::timeout(timeout, run)
             .await
-            .map_err(|_| format!("no state answer within {} ms", timeout.as_millis()))??;
+            .map_err(|_| format!("no state answer within {} ms", timeout.as_millis()))
+            .and_then(|r| r)
+            .map_err(StateError::NoAnswer)?;
         // A 404 counts only with a state in its body: a 404 from a service without the
         // endpoint must not pass for "absent" (that would license a re-send).
         if !status.is_success() && status != StatusCode::NOT_FOUND {
-            return Err(format!("state query answered {status}"));
+            return Err(StateError::Answered(format!(
+                "state query answered {status}"
+            )));
         }
-        parse_key_state(&body).map_err(|e| format!("state query answered {status}: {e}"))
+        parse_key_state(&body)
+            .map_err(|e| StateError::Answered(format!("state query answered {status}: {e}")))
+    }
+}
+
+/// Why a key state query has no state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateError {
+    /// The upstream did not answer (connect failure, timeout, broken connection).
+    NoAnswer(String),
+    /// It answered, but not with a state.
+    Answered(String),
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateError::NoAnswer(why) | StateError::Answered(why) => f.write_str(why),
+        }
+    }
+}
+
+/// A URL for logs and metric labels: any `user:password@` dropped.
+pub fn without_userinfo(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find('/').unwrap_or(rest.len());
+            match rest[..end].rfind('@') {
+                Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
     }
 }
 

@@ -90,9 +90,11 @@ enum Command {
         /// Address to listen on (default 127.0.0.1:8080, or the config file's).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
-        /// The upstream base URL (http://host:port or https://host[:port]).
-        #[arg(long)]
-        upstream: Option<String>,
+        /// The upstream base URL (http://host:port or https://host[:port]). Repeat it
+        /// for several copies of one service on one database: each request goes to the
+        /// least busy one that answers.
+        #[arg(long, value_name = "URL")]
+        upstream: Vec<String>,
         /// A private CA (PEM) an https:// upstream's certificate may chain to, besides
         /// the Mozilla roots.
         #[arg(long, env = "IDEM_UPSTREAM_CA_FILE", value_name = "PATH")]
@@ -931,14 +933,12 @@ async fn run(
             if let Some(l) = listen {
                 cfg.listen = l;
             }
-            match upstream {
-                Some(u) => cfg.upstream = u,
-                None if cfg.upstream.is_empty() => {
-                    return Err(StoreError::InvalidInput(
-                        "--upstream URL is required".into(),
-                    ))
-                }
-                None => {}
+            if !upstream.is_empty() {
+                cfg.set_upstreams(upstream);
+            } else if cfg.upstream_urls().is_empty() {
+                return Err(StoreError::InvalidInput(
+                    "--upstream URL is required".into(),
+                ));
             }
             if redis_url.is_some() {
                 cfg.redis_url = redis_url;
@@ -962,7 +962,12 @@ async fn run(
                 || "in memory".to_string(),
                 |u| format!("in Redis at {}", open::redact(u)),
             );
-            let upstream = open::redact(&cfg.upstream);
+            let upstream = cfg
+                .upstream_urls()
+                .into_iter()
+                .map(open::redact)
+                .collect::<Vec<_>>()
+                .join(", ");
             let shutdown = signal::shutdown()?;
             let (addr, served) = idem_gateway::bind(cfg, shutdown).await.map_err(gw_err)?;
             println!("idem gateway on {scheme}://{addr} → {upstream} (window {window})");

@@ -12,32 +12,11 @@ const ALICE: &str = "alice-secret-0001";
 const BOB: &str = "bob-secret-00002";
 
 mod common;
-use common::{free_port, spawn, spawn_to, wait_ready, Proc};
+use common::{free_port, serve_sqlite, spawn, spawn_to, wait_ready, Proc};
 
 /// `idem serve` on SQLite with tenants `a` (Alice's key) and `b` (Bob's).
 async fn serve(dir: &Path) -> (Proc, String) {
-    let port = free_port();
-    let db = format!("sqlite://{}", dir.join("orders.db").display());
-    let listen = format!("127.0.0.1:{port}");
-    let proc = spawn(
-        "idem serve",
-        &[
-            "--database-url",
-            &db,
-            "serve",
-            "--listen",
-            &listen,
-            "--api-key",
-            &format!("a={ALICE}"),
-            "--api-key",
-            &format!("b={BOB}"),
-            "--sweep-every",
-            "0s",
-        ],
-    );
-    let url = format!("http://{listen}");
-    wait_ready(&format!("{url}/healthz")).await;
-    (proc, url)
+    serve_sqlite(&dir.join("orders.db"), &[("a", ALICE), ("b", BOB)]).await
 }
 
 /// `idem gateway` in front of `upstream`, with `extra` merged into its JSON config.

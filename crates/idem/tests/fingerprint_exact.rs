@@ -11,30 +11,11 @@ const ALICE: &str = "alice-secret-0001";
 const PROBLEMS: &str = "https://idem.dev/problems/";
 
 mod common;
-use common::{free_port, spawn, wait_ready, Proc};
+use common::{free_port, serve_sqlite, spawn, wait_ready, Proc};
 
 /// `idem serve` on SQLite in `dir`, with tenant `a` (Alice's key).
 async fn serve(dir: &Path) -> (Proc, String) {
-    let port = free_port();
-    let db = format!("sqlite://{}", dir.join("orders.db").display());
-    let listen = format!("127.0.0.1:{port}");
-    let proc = spawn(
-        "idem serve",
-        &[
-            "--database-url",
-            &db,
-            "serve",
-            "--listen",
-            &listen,
-            "--api-key",
-            &format!("a={ALICE}"),
-            "--sweep-every",
-            "0s",
-        ],
-    );
-    let url = format!("http://{listen}");
-    wait_ready(&format!("{url}/healthz")).await;
-    (proc, url)
+    serve_sqlite(&dir.join("orders.db"), &[("a", ALICE)]).await
 }
 
 /// `idem gateway` in front of `upstream`, requiring a key on every POST under `/v1/`.

@@ -88,6 +88,29 @@ pub fn spawn_to(name: &'static str, args: &[&str], stderr: impl Into<Stdio>) -> 
     }
 }
 
+/// `idem serve` on the SQLite file `db` (several may share one), each `(tenant,
+/// token)` an API key, the sweeper off; its base URL once it is ready.
+pub async fn serve_sqlite(db: &std::path::Path, api_keys: &[(&str, &str)]) -> (Proc, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let db = format!("sqlite://{}", db.display());
+    let mut args = vec![
+        "--database-url".to_string(),
+        db,
+        "serve".into(),
+        "--listen".into(),
+    ];
+    args.push(listen.clone());
+    for (tenant, token) in api_keys {
+        args.extend(["--api-key".into(), format!("{tenant}={token}")]);
+    }
+    args.extend(["--sweep-every".into(), "0s".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proc = spawn("idem serve", &args);
+    let url = format!("http://{listen}");
+    wait_ready(&format!("{url}/healthz")).await;
+    (proc, url)
+}
+
 pub async fn wait_ready(url: &str) {
     let c = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(30);
