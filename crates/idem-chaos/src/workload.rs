@@ -112,6 +112,41 @@ pub struct Workload {
     pub log: Arc<Mutex<Vec<IntentLog>>>,
 }
 
+/// A user's memory of gateways that did not answer at all (connection refused or
+/// broken, no status): it sends elsewhere for a while, as a client with several
+/// endpoints does, instead of spending its next intents on a dead one.
+struct Endpoints {
+    down_until: Mutex<Vec<Option<Instant>>>,
+}
+
+/// How long a user avoids a gateway that did not answer.
+const AVOID: Duration = Duration::from_secs(5);
+
+impl Endpoints {
+    fn new(n: usize) -> Self {
+        Self {
+            down_until: Mutex::new(vec![None; n]),
+        }
+    }
+
+    /// `wanted`, or the next gateway after it that is not being avoided (`wanted` when
+    /// all are).
+    fn pick(&self, wanted: usize) -> usize {
+        let down = self.down_until.lock().expect("endpoints lock");
+        let now = Instant::now();
+        let n = down.len();
+        (0..n)
+            .map(|i| (wanted + i) % n)
+            .find(|&g| down[g].is_none_or(|until| until <= now))
+            .unwrap_or(wanted % n)
+    }
+
+    fn record(&self, g: usize, send: &SendLog) {
+        let mut down = self.down_until.lock().expect("endpoints lock");
+        down[g] = send.status.is_none().then(|| Instant::now() + AVOID);
+    }
+}
+
 /// Who sends an intent and how.
 struct Meta {
     id: String,
@@ -172,6 +207,7 @@ impl Workload {
     async fn user(&self, v: usize) {
         let mut rng = StdRng::seed_from_u64(self.seed.wrapping_mul(1_000_003) ^ v as u64);
         let client = self.client();
+        let endpoints = Endpoints::new(self.gateways.len());
         let user = format!("U-{v}");
         let mut n = 0u64;
         while !self.stop.load(Ordering::Relaxed) {
@@ -211,7 +247,12 @@ impl Workload {
                 race,
             };
             let created = self
-                .intent(&client, &create, meta(id.clone(), None, 0, false))
+                .intent(
+                    &client,
+                    &endpoints,
+                    &create,
+                    meta(id.clone(), None, 0, false),
+                )
                 .await;
             if let Some(order) = created {
                 let follow = |verb: &str| Spec {
@@ -227,11 +268,11 @@ impl Workload {
                 match next {
                     0..57 => {
                         let m = meta(format!("{id}-pay"), Some(order.clone()), 1, false);
-                        self.intent(&client, &follow("pay"), m).await;
+                        self.intent(&client, &endpoints, &follow("pay"), m).await;
                     }
                     57..82 => {
                         let m = meta(format!("{id}-cancel"), Some(order.clone()), 1, false);
-                        self.intent(&client, &follow("cancel"), m).await;
+                        self.intent(&client, &endpoints, &follow("cancel"), m).await;
                     }
                     // Pay and cancel at once: the order's lease lets one win, the other
                     // is refused for good.
@@ -240,8 +281,8 @@ impl Workload {
                         let cancel = meta(format!("{id}-cancel"), Some(order.clone()), 1, true);
                         let (p, c) = (follow("pay"), follow("cancel"));
                         tokio::join!(
-                            self.intent(&client, &p, pay),
-                            self.intent(&client, &c, cancel)
+                            self.intent(&client, &endpoints, &p, pay),
+                            self.intent(&client, &endpoints, &c, cancel)
                         );
                     }
                     _ => {}
@@ -254,9 +295,15 @@ impl Workload {
 
     /// Sends one intent until acknowledged, refused or past the deadline; logs it and
     /// returns the order id a 2xx named.
-    async fn intent(&self, client: &IdempotentClient, spec: &Spec, m: Meta) -> Option<String> {
+    async fn intent(
+        &self,
+        client: &IdempotentClient,
+        endpoints: &Endpoints,
+        spec: &Spec,
+        m: Meta,
+    ) -> Option<String> {
         let double = m.double;
-        let gateway = m.gateway % self.gateways.len();
+        let gateway = endpoints.pick(m.gateway % self.gateways.len());
         let mut log = IntentLog {
             id: m.id,
             kind: spec.kind,
@@ -274,8 +321,10 @@ impl Workload {
         let mut g = gateway;
         if double {
             // Two sends at once through two gateways; both must end in the same answer.
-            let other = (g + 1) % self.gateways.len();
+            let other = endpoints.pick((g + 1) % self.gateways.len());
             let (a, b) = tokio::join!(self.send(client, spec, g), self.send(client, spec, other));
+            endpoints.record(g, &a);
+            endpoints.record(other, &b);
             log.sends.push(a);
             log.sends.push(b);
             g = other;
@@ -287,10 +336,12 @@ impl Workload {
                     break;
                 }
                 // Another gateway for the next try, as a client with several endpoints would.
-                g = (g + 1) % self.gateways.len();
+                g = endpoints.pick((g + 1) % self.gateways.len());
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            log.sends.push(self.send(client, spec, g).await);
+            let sent = self.send(client, spec, g).await;
+            endpoints.record(g, &sent);
+            log.sends.push(sent);
         }
         log.acknowledged = log.sends.iter().any(SendLog::ok);
         if spec.kind == IntentKind::Create {
@@ -355,5 +406,42 @@ impl Workload {
         }
         log.end_ms = self.now_ms();
         log
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send(status: Option<u16>) -> SendLog {
+        SendLog {
+            at_ms: 0,
+            end_ms: 0,
+            gateway: 0,
+            attempts: 1,
+            status,
+            replayed: false,
+            order_id: None,
+            order_status: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_gateway_that_does_not_answer_is_avoided_until_it_answers_again() {
+        let e = Endpoints::new(3);
+        assert_eq!(e.pick(1), 1);
+        e.record(1, &send(None));
+        assert_eq!(e.pick(1), 2, "the next one instead");
+        e.record(2, &send(None));
+        assert_eq!(e.pick(1), 0, "round to the first");
+        e.record(0, &send(None));
+        assert_eq!(e.pick(1), 1, "all avoided: the one wanted");
+        // Any status is an answer, a 503 too.
+        e.record(1, &send(Some(503)));
+        assert_eq!(e.pick(1), 1);
+        // The avoidance ends by itself.
+        e.down_until.lock().unwrap()[2] = Some(Instant::now() - Duration::from_millis(1));
+        assert_eq!(e.pick(2), 2);
     }
 }
