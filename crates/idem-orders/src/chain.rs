@@ -3,9 +3,12 @@
 //!
 //! - In process (the embedded default): the relay turns each outbox message into one
 //!   pending delivery per subscribed consumer (`message_deliveries`, in the database), and
-//!   each consumer loop works its due deliveries. A delivery is acked only after the
-//!   consumer's transaction committed; one that fails (or whose process dies) stays
-//!   pending and is delivered again. Frozen work is put back until the freeze's recheck.
+//!   each consumer loop claims a few due deliveries for [`CLAIM_FOR`] and works them.
+//!   Relays and consumers of several instances take disjoint rows (PostgreSQL: `SKIP
+//!   LOCKED`), so a paused instance holds back only what it took. A delivery is acked
+//!   only after the consumer's transaction committed; one that fails (or whose process
+//!   dies) stays pending and is delivered again once its claim ends. Frozen work is put
+//!   back until the freeze's recheck.
 //! - NATS JetStream (`--nats-url`): the relay publishes each message with
 //!   `Nats-Msg-Id` = the message id, so JetStream's duplicate window also drops a second
 //!   publish of the same message; consumers are durable pull consumers with explicit
@@ -25,6 +28,13 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::error::Error;
+
+/// How long a consumer instance's claim on deliveries lasts before they come due again
+/// for the others: longer than handling a batch takes, short enough that the work of an
+/// instance that died is picked up within a client's patience.
+const CLAIM_FOR: Duration = Duration::from_secs(10);
+/// Deliveries one instance claims at a time, so a paused instance holds back few.
+const CLAIM_BATCH: i64 = 16;
 use crate::ledgers::{self, now_ms, Message};
 use crate::service::{consumers, Handled, Orders};
 
@@ -296,19 +306,16 @@ impl Chain {
     /// Publishes what the outbox holds unpublished. Returns how many were published.
     pub async fn relay_once(&self) -> Result<usize, Error> {
         let db = self.orders.database();
-        let batch = {
-            let mut conn = db.acquire().await?;
-            ledgers::unpublished(&mut conn.conn(), self.options.batch).await?
-        };
-        if batch.is_empty() {
-            return Ok(0);
-        }
         let metrics = self.orders.metrics();
         match &self.nats {
             None => {
                 let now = now_ms();
                 let mut tx = db.begin().await?;
                 let mut c = tx.conn();
+                let batch = ledgers::lock_unpublished(&mut c, self.options.batch).await?;
+                if batch.is_empty() {
+                    return Ok(0);
+                }
                 for m in &batch {
                     for consumer in consumers::of_topic(&m.topic) {
                         ledgers::enqueue_delivery(&mut c, consumer, &m.message_id, now).await?;
@@ -325,6 +332,10 @@ impl Chain {
                 Ok(batch.len())
             }
             Some(nats) => {
+                let batch = {
+                    let mut conn = db.acquire().await?;
+                    ledgers::unpublished(&mut conn.conn(), self.options.batch).await?
+                };
                 let mut published = 0;
                 for m in &batch {
                     match nats.publish(m).await {
@@ -357,9 +368,18 @@ impl Chain {
     pub async fn deliver_once(&self, consumer: &'static str) -> Result<usize, Error> {
         let db = self.orders.database();
         let due = {
-            let mut conn = db.acquire().await?;
-            ledgers::due_deliveries(&mut conn.conn(), consumer, now_ms(), self.options.batch)
-                .await?
+            let now = now_ms();
+            let mut tx = db.begin().await?;
+            let due = ledgers::claim_deliveries(
+                &mut tx.conn(),
+                consumer,
+                now,
+                now + millis(CLAIM_FOR),
+                self.options.batch.min(CLAIM_BATCH),
+            )
+            .await?;
+            tx.commit().await?;
+            due
         };
         for m in &due {
             let handled = self.orders.handle(consumer, m).await;

@@ -194,6 +194,8 @@ async fn the_buckets_migration_keeps_every_ticket(env: Env) {
     // Back to the schema before the buckets, 97 left in the show row.
     let mut raw = Raw::open(&env).await;
     raw.exec("DROP TABLE inventory_buckets").await;
+    raw.exec("ALTER TABLE message_deliveries DROP COLUMN claim")
+        .await;
     raw.exec("DELETE FROM orders_schema_migrations WHERE version = 3")
         .await;
     raw.exec("UPDATE inventory SET available = 97 WHERE show_id = 'OLD'")

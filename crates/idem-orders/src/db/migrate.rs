@@ -280,6 +280,10 @@ SELECT i.tenant_id, i.show_id, n.bucket,
 FROM inventory i CROSS JOIN n;
 
 UPDATE inventory SET available = 0;
+
+-- Which consumer instance claimed a delivery (with `available_at` as the claim's end):
+-- instances of one consumer take disjoint deliveries instead of racing on the same.
+ALTER TABLE message_deliveries ADD COLUMN claim TEXT;
 "#;
 
 const COMMON: &[Migration] = &[
@@ -295,7 +299,7 @@ const COMMON: &[Migration] = &[
     },
     Migration {
         version: 3,
-        name: "stock buckets",
+        name: "stock buckets, delivery claims",
         sql: STOCK_BUCKETS,
     },
 ];

@@ -6,6 +6,7 @@
 //! statements and the topic names. It must not publish to a transport or run a
 //! consumer; the chain and the service do, in the caller's transaction.
 
+use idem_sql::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::{new_id, Order};
@@ -123,6 +124,26 @@ pub(crate) async fn unpublished(c: &mut Conn<'_>, limit: i64) -> Result<Vec<Mess
     .collect()
 }
 
+/// Like [`unpublished`], locking the rows for the caller's transaction and skipping
+/// rows another relay holds (PostgreSQL): relays of several instances take disjoint
+/// batches, and a paused one holds back only its own.
+pub(crate) async fn lock_unpublished(c: &mut Conn<'_>, limit: i64) -> Result<Vec<Message>, Error> {
+    let q = if c.backend() == Backend::Postgres {
+        "SELECT message_id, tenant_id, topic, order_id, user_id, show_id, payload, \
+           created_at, published_at FROM outbox_messages WHERE published_at IS NULL \
+         ORDER BY created_at, message_id LIMIT $1 FOR UPDATE SKIP LOCKED"
+    } else {
+        "SELECT message_id, tenant_id, topic, order_id, user_id, show_id, payload, \
+           created_at, published_at FROM outbox_messages WHERE published_at IS NULL \
+         ORDER BY created_at, message_id LIMIT $1"
+    };
+    c.all(sql(q).bind(limit))
+        .await?
+        .iter()
+        .map(message_from)
+        .collect()
+}
+
 pub(crate) async fn mark_published(
     c: &mut Conn<'_>,
     message_id: &str,
@@ -172,24 +193,55 @@ pub(crate) async fn enqueue_delivery(
     Ok(())
 }
 
-/// Pending deliveries of `consumer` that are due, oldest message first.
-pub(crate) async fn due_deliveries(
+/// Claims up to `limit` due pending deliveries of `consumer` for this instance: they
+/// are not due again until `until` (a visibility timeout, as a queue's), so instances
+/// of one consumer work on disjoint deliveries, and the claim of an instance that died
+/// or paused comes due again by itself. Returns the claimed messages, oldest first.
+/// Run it in a transaction of its own (the claim commits before the work starts).
+pub(crate) async fn claim_deliveries(
     c: &mut Conn<'_>,
     consumer: &str,
     now: i64,
+    until: i64,
     limit: i64,
 ) -> Result<Vec<Message>, Error> {
+    let claim = new_id("claim");
+    let q = if c.backend() == Backend::Postgres {
+        "UPDATE message_deliveries SET available_at = $4, claim = $5 \
+         WHERE consumer = $1 AND message_id IN ( \
+           SELECT message_id FROM message_deliveries \
+           WHERE consumer = $1 AND state = 'pending' AND available_at <= $2 \
+           ORDER BY available_at, message_id LIMIT $3 FOR UPDATE SKIP LOCKED)"
+    } else {
+        "UPDATE message_deliveries SET available_at = $4, claim = $5 \
+         WHERE consumer = $1 AND message_id IN ( \
+           SELECT message_id FROM message_deliveries \
+           WHERE consumer = $1 AND state = 'pending' AND available_at <= $2 \
+           ORDER BY available_at, message_id LIMIT $3)"
+    };
+    let claimed = c
+        .execute(
+            sql(q)
+                .bind(consumer)
+                .bind(now)
+                .bind(limit)
+                .bind(until)
+                .bind(claim.as_str()),
+        )
+        .await?;
+    if claimed == 0 {
+        return Ok(Vec::new());
+    }
     c.all(
         sql(
             "SELECT m.message_id, m.tenant_id, m.topic, m.order_id, m.user_id, m.show_id, \
                m.payload, m.created_at, m.published_at \
              FROM message_deliveries d JOIN outbox_messages m ON m.message_id = d.message_id \
-             WHERE d.consumer = $1 AND d.state = 'pending' AND d.available_at <= $2 \
-             ORDER BY m.created_at, m.message_id LIMIT $3",
+             WHERE d.consumer = $1 AND d.claim = $2 \
+             ORDER BY m.created_at, m.message_id",
         )
         .bind(consumer)
-        .bind(now)
-        .bind(limit),
+        .bind(claim.as_str()),
     )
     .await?
     .iter()

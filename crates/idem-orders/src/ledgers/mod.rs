@@ -25,8 +25,9 @@ mod payments;
 pub(crate) use inventory::{hold_of, insert_hold, release_hold, seed_show, show, take_stock, Take};
 pub use inventory::{Hold, Show, ShowSeed};
 pub(crate) use messages::{
-    count_publish_failure, due_deliveries, emit, enqueue_delivery, mark_processed, mark_published,
-    messages_of, pending_by_consumer, processed, settle_delivery, unpublished, wake_deliveries,
+    claim_deliveries, count_publish_failure, emit, enqueue_delivery, lock_unpublished,
+    mark_processed, mark_published, messages_of, pending_by_consumer, processed, settle_delivery,
+    unpublished, wake_deliveries,
 };
 pub use messages::{topics, Message};
 pub(crate) use orders::{
