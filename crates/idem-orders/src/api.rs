@@ -616,6 +616,13 @@ async fn create(
                     }
                     return Ok(StatusCode::CONFLICT.into_response());
                 }
+                // The key's record was claimed here, yet an order under it exists: the
+                // record and the order disagree, which only an operator can sort out.
+                Created::KeyTaken => {
+                    return Err(ApiError::internal(&Error::Backend(
+                        "an order under this idempotency key exists without its record".into(),
+                    )))
+                }
             };
             let location = format!("/v1/orders/{}", unit.value.order_id);
             let answer = Answer::json(StatusCode::CREATED, &unit.value, Some(location))?;

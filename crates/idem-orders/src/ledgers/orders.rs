@@ -78,30 +78,39 @@ impl<'a> Actor<'a> {
     }
 }
 
+/// Inserts the order and its first transition. False (nothing written) when an order
+/// under the same idempotency key exists: a duplicate's order, committed while this
+/// insert waited on it.
 pub(crate) async fn insert_order(
     c: &mut Conn<'_>,
     order: &Order,
     actor: &Actor<'_>,
-) -> Result<(), Error> {
-    c.execute(
-        sql(
-            "INSERT INTO orders (order_id, tenant_id, user_id, show_id, quantity, \
+) -> Result<bool, Error> {
+    let inserted = c
+        .execute(
+            sql(
+                "INSERT INTO orders (order_id, tenant_id, user_id, show_id, quantity, \
                amount_cents, client_session, idempotency_key, status, version, created_at, \
                updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $10)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $10) \
+             ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL \
+             DO NOTHING",
+            )
+            .bind(&order.order_id)
+            .bind(&order.tenant_id)
+            .bind(&order.user_id)
+            .bind(&order.show_id)
+            .bind(order.quantity)
+            .bind(order.amount_cents)
+            .bind(order.client_session.clone())
+            .bind(order.idempotency_key.clone())
+            .bind(order.status.as_str())
+            .bind(order.created_at),
         )
-        .bind(&order.order_id)
-        .bind(&order.tenant_id)
-        .bind(&order.user_id)
-        .bind(&order.show_id)
-        .bind(order.quantity)
-        .bind(order.amount_cents)
-        .bind(order.client_session.clone())
-        .bind(order.idempotency_key.clone())
-        .bind(order.status.as_str())
-        .bind(order.created_at),
-    )
-    .await?;
+        .await?;
+    if inserted == 0 {
+        return Ok(false);
+    }
     log_transition(
         c,
         order,
@@ -111,7 +120,8 @@ pub(crate) async fn insert_order(
         actor,
         order.created_at,
     )
-    .await
+    .await?;
+    Ok(true)
 }
 
 async fn log_transition(

@@ -44,6 +44,9 @@ pub(crate) enum Created {
     /// The claim in the transaction did not proceed (replay, in progress, mismatch):
     /// nothing was written.
     Answered(Claim),
+    /// An order under the key committed while this one waited on it (a duplicate's
+    /// first try, without a claim): nothing was written; the key's record answers.
+    KeyTaken,
 }
 
 /// The answer to a pay request.
@@ -150,7 +153,9 @@ impl Orders {
             Some(k) => Actor::new(route).detail(format!("idempotency key {k}")),
             None => Actor::new(route).detail("no idempotency key"),
         };
-        ledgers::insert_order(&mut c, &order, &actor).await?;
+        if !ledgers::insert_order(&mut c, &order, &actor).await? {
+            return Ok(Created::KeyTaken);
+        }
         let hold = ledgers::insert_hold(
             &mut c,
             tenant,
