@@ -206,6 +206,15 @@ impl Nats {
 
     /// Publishes `message` with `Nats-Msg-Id` = its id and waits for JetStream's ack.
     pub async fn publish(&self, message: &Message) -> Result<Published, Error> {
+        self.send(message).await?.await
+    }
+
+    /// Sends `message` and returns the wait for JetStream's ack, so a batch can be sent
+    /// in order and its acks awaited together.
+    async fn send(
+        &self,
+        message: &Message,
+    ) -> Result<impl std::future::Future<Output = Result<Published, Error>>, Error> {
         let body = serde_json::to_vec(message).map_err(nats_err)?;
         let ack = self
             .js
@@ -216,12 +225,13 @@ impl Nats {
                     .message_id(&message.message_id),
             )
             .await
-            .map_err(nats_err)?
-            .await
             .map_err(nats_err)?;
-        Ok(Published {
-            sequence: ack.sequence,
-            duplicate: ack.duplicate,
+        Ok(async move {
+            let ack = ack.await.map_err(nats_err)?;
+            Ok(Published {
+                sequence: ack.sequence,
+                duplicate: ack.duplicate,
+            })
         })
     }
 
@@ -332,34 +342,48 @@ impl Chain {
                 Ok(batch.len())
             }
             Some(nats) => {
-                let batch = {
-                    let mut conn = db.acquire().await?;
-                    ledgers::unpublished(&mut conn.conn(), self.options.batch).await?
-                };
-                let mut published = 0;
+                // The batch stays locked (and skipped by the other relays) while it is
+                // sent, in order, and its acks awaited together.
+                let mut tx = db.begin().await?;
+                let batch = ledgers::lock_unpublished(&mut tx.conn(), self.options.batch).await?;
+                if batch.is_empty() {
+                    return Ok(0);
+                }
+                let mut acks = Vec::with_capacity(batch.len());
                 for m in &batch {
-                    match nats.publish(m).await {
+                    acks.push(nats.send(m).await);
+                }
+                let mut published = 0;
+                let mut failure = None;
+                for (m, ack) in batch.iter().zip(acks) {
+                    let ack = match ack {
+                        Ok(wait) => wait.await,
+                        Err(e) => Err(e),
+                    };
+                    match ack {
                         Ok(ack) => {
                             if ack.duplicate {
                                 tracing::info!(message = %m.message_id, "JetStream dropped a duplicate publish");
                             }
-                            let mut tx = db.begin().await?;
                             ledgers::mark_published(&mut tx.conn(), &m.message_id, now_ms())
                                 .await?;
-                            tx.commit().await?;
-                            metrics.published("nats");
                             published += 1;
                         }
                         Err(e) => {
                             tracing::warn!(message = %m.message_id, error = %e, "publish failed; will retry");
-                            let mut tx = db.begin().await?;
                             ledgers::count_publish_failure(&mut tx.conn(), &m.message_id).await?;
-                            tx.commit().await?;
-                            return Err(e);
+                            failure.get_or_insert(e);
                         }
                     }
                 }
-                Ok(published)
+                tx.commit().await?;
+                for _ in 0..published {
+                    metrics.published("nats");
+                }
+                match failure {
+                    Some(e) if published == 0 => Err(e),
+                    _ => Ok(published),
+                }
             }
         }
     }

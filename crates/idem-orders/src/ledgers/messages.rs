@@ -109,24 +109,9 @@ pub(crate) async fn messages_of(
         .collect()
 }
 
-pub(crate) async fn unpublished(c: &mut Conn<'_>, limit: i64) -> Result<Vec<Message>, Error> {
-    c.all(
-        sql(
-            "SELECT message_id, tenant_id, topic, order_id, user_id, show_id, payload, \
-               created_at, published_at FROM outbox_messages WHERE published_at IS NULL \
-             ORDER BY created_at, message_id LIMIT $1",
-        )
-        .bind(limit),
-    )
-    .await?
-    .iter()
-    .map(message_from)
-    .collect()
-}
-
-/// Like [`unpublished`], locking the rows for the caller's transaction and skipping
-/// rows another relay holds (PostgreSQL): relays of several instances take disjoint
-/// batches, and a paused one holds back only its own.
+/// The oldest unpublished messages, locked for the caller's transaction, skipping rows
+/// another relay holds (PostgreSQL): relays of several instances take disjoint batches,
+/// and a paused one holds back only its own.
 pub(crate) async fn lock_unpublished(c: &mut Conn<'_>, limit: i64) -> Result<Vec<Message>, Error> {
     let q = if c.backend() == Backend::Postgres {
         "SELECT message_id, tenant_id, topic, order_id, user_id, show_id, payload, \

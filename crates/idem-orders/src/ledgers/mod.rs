@@ -27,7 +27,7 @@ pub use inventory::{Hold, Show, ShowSeed};
 pub(crate) use messages::{
     claim_deliveries, count_publish_failure, emit, enqueue_delivery, lock_unpublished,
     mark_processed, mark_published, messages_of, pending_by_consumer, processed, settle_delivery,
-    unpublished, wake_deliveries,
+    wake_deliveries,
 };
 pub use messages::{topics, Message};
 pub(crate) use orders::{
