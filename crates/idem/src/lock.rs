@@ -96,6 +96,12 @@ pub async fn run(url: &str, args: LockArgs) -> CliResult {
     let store = crate::open::open_lease_store(url).await?;
     let store = store.as_ref();
     let invalid = |e: idem_core::KeyError| CliError::invalid(e.to_string());
+    let holder = |name: String, owner: String| -> Result<(LeaseName, OwnerId), CliError> {
+        Ok((
+            LeaseName::new(name).map_err(invalid)?,
+            OwnerId::new(owner).map_err(invalid)?,
+        ))
+    };
     let (outcome, json) = match args.command {
         LockCommand::Acquire {
             name,
@@ -104,8 +110,7 @@ pub async fn run(url: &str, args: LockArgs) -> CliResult {
             wait,
             json,
         } => {
-            let name = LeaseName::new(name).map_err(invalid)?;
-            let owner = OwnerId::new(owner).map_err(invalid)?;
+            let (name, owner) = holder(name, owner)?;
             (acquire(store, &name, &owner, ttl, wait).await, json)
         }
         LockCommand::Renew {
@@ -115,8 +120,7 @@ pub async fn run(url: &str, args: LockArgs) -> CliResult {
             ttl,
             json,
         } => {
-            let name = LeaseName::new(name).map_err(invalid)?;
-            let owner = OwnerId::new(owner).map_err(invalid)?;
+            let (name, owner) = holder(name, owner)?;
             (
                 renew(store, &name, &owner, FencingToken::new(token), ttl).await,
                 json,
@@ -128,8 +132,7 @@ pub async fn run(url: &str, args: LockArgs) -> CliResult {
             token,
             json,
         } => {
-            let name = LeaseName::new(name).map_err(invalid)?;
-            let owner = OwnerId::new(owner).map_err(invalid)?;
+            let (name, owner) = holder(name, owner)?;
             (
                 release(store, &name, &owner, FencingToken::new(token)).await,
                 json,

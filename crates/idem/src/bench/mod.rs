@@ -5,6 +5,7 @@
 //! another's records.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use idem_core::TenantId;
 
@@ -156,11 +157,7 @@ pub async fn run(url: &str, explicit_url: Option<String>, args: BenchArgs) -> Cl
             phase,
             json,
         } => {
-            let msg = "--phase and --concurrency must be positive";
-            let phase = positive_secs(phase, msg)?;
-            if concurrency == 0 {
-                return Err(CliError::invalid(msg));
-            }
+            let phase = load_shape(phase, concurrency, "--phase and --concurrency")?;
             let report = idem_bench::http::bench(idem_bench::http::BenchOptions {
                 phase,
                 concurrency,
@@ -179,11 +176,7 @@ pub async fn run(url: &str, explicit_url: Option<String>, args: BenchArgs) -> Cl
             shows,
             json,
         } => {
-            let msg = "--duration and --concurrency must be positive";
-            let duration = positive_secs(duration, msg)?;
-            if concurrency == 0 {
-                return Err(CliError::invalid(msg));
-            }
+            let duration = load_shape(duration, concurrency, "--duration and --concurrency")?;
             let report = idem_bench::orders::bench(idem_bench::orders::OrdersBenchOptions {
                 database_url: explicit_url,
                 concurrency,
@@ -226,6 +219,16 @@ pub async fn run(url: &str, explicit_url: Option<String>, args: BenchArgs) -> Cl
             show(&report, json, |r| print!("{}", r.render_text()))
         }
     }
+}
+
+/// `secs` as a duration, when it and `concurrency` are both positive; else "`flags` must
+/// be positive".
+fn load_shape(secs: f64, concurrency: usize, flags: &str) -> Result<Duration, CliError> {
+    let msg = format!("{flags} must be positive");
+    if concurrency == 0 {
+        return Err(CliError::invalid(msg));
+    }
+    positive_secs(secs, &msg)
 }
 
 fn backend(e: impl std::fmt::Display) -> CliError {
