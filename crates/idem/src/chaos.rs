@@ -10,10 +10,12 @@ use std::time::Duration;
 use idem_chaos::{ChaosError, ChaosOptions, FaultKind, Report};
 use idem_core::StoreError;
 
+use crate::cli::{print_json, CliResult};
+
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
     /// How long faults are injected and new intents started (settling comes after).
-    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "60s")]
+    #[arg(long, value_parser = crate::cli::parse_duration, default_value = "60s")]
     duration: Duration,
     /// Seeds the workload and the fault schedule; printed on every run.
     #[arg(long, default_value_t = 1)]
@@ -61,7 +63,7 @@ fn err(e: ChaosError) -> StoreError {
     }
 }
 
-pub async fn run(database_url: Option<String>, args: ChaosArgs) -> Result<ExitCode, StoreError> {
+pub async fn run(database_url: Option<String>, args: ChaosArgs) -> CliResult {
     let database_url = database_url.ok_or_else(|| {
         StoreError::InvalidInput(
             "idem chaos needs --database-url postgres://… (it creates a database of its own there)"
@@ -115,7 +117,7 @@ pub async fn run(database_url: Option<String>, args: ChaosArgs) -> Result<ExitCo
             eprintln!("idem chaos: {}", ChaosError::Interrupted);
             return Ok(ExitCode::from(130));
         }
-        Err(e) => return Err(err(e)),
+        Err(e) => return Err(err(e).into()),
     };
     if let Some(path) = &args.html {
         std::fs::write(path, idem_chaos::html::render(&report)).map_err(|e| {
@@ -123,7 +125,7 @@ pub async fn run(database_url: Option<String>, args: ChaosArgs) -> Result<ExitCo
         })?;
     }
     if args.json {
-        crate::print_json(&report);
+        print_json(&report);
     } else {
         print_human(&report);
     }

@@ -17,6 +17,30 @@ use idem_core::{
 use serde::Serialize;
 use tokio::sync::Barrier;
 
+use crate::cli::{passed, print_json, CliResult};
+
+#[derive(clap::Args)]
+pub struct DrillArgs {
+    /// Concurrent duplicates of one fresh intent to fire.
+    #[arg(long, default_value_t = 64)]
+    duplicates: usize,
+    /// Print the result as JSON (a failure as an `error` object).
+    #[arg(long)]
+    json: bool,
+}
+
+/// `idem drill`: exit 1 when the drill failed.
+pub async fn run(url: &str, args: DrillArgs) -> CliResult {
+    let store = crate::open::open_store(url).await?;
+    let report = fire(store, args.duplicates).await?;
+    if args.json {
+        print_json(&report);
+    } else {
+        print_human(&report);
+    }
+    Ok(passed(report.passed))
+}
+
 #[derive(Debug, Serialize)]
 pub struct DrillReport {
     pub backend: String,
@@ -115,7 +139,8 @@ async fn arrive(
     }
 }
 
-pub async fn run(
+/// Fires the drill at `store` and reads the outcome.
+pub async fn fire(
     store: Arc<dyn IdempotencyStore>,
     duplicates: usize,
 ) -> Result<DrillReport, StoreError> {

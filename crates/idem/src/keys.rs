@@ -1,7 +1,112 @@
-//! `idem keys show`: one record, for incident work.
+//! `idem keys show` and `idem keys audit`: one record, online or archived, for incident
+//! work. Reads only; it must not change a record.
 
-use idem_core::{IdempotencyKey, IdempotencyStore, Millis, Record, Scope, TenantId};
+use std::process::ExitCode;
+
+use idem_core::{IdempotencyKey, IdempotencyStore, Record, Scope, TenantId};
 use serde::Serialize;
+
+use crate::cli::{print_json, rfc3339, CliError, CliResult};
+use crate::open;
+
+// `idem keys …`; a plain comment, so clap takes the about from the variant.
+#[derive(clap::Args)]
+pub struct KeysArgs {
+    #[command(subcommand)]
+    command: KeysCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum KeysCommand {
+    /// Audit lookup by order number (result reference) in the archive.
+    Audit {
+        /// The order number (result reference).
+        #[arg(long)]
+        order: String,
+        /// The tenant, as the service authenticated it.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one record: state, version, owner, times, fingerprint, result reference.
+    Show {
+        /// The idempotency key.
+        key: String,
+        /// The tenant, as the service authenticated it.
+        #[arg(long)]
+        tenant: String,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn run(url: &str, args: KeysArgs) -> CliResult {
+    let invalid = |e: idem_core::KeyError| CliError::invalid(e.to_string());
+    match args.command {
+        KeysCommand::Show { key, tenant, json } => {
+            let tenant = TenantId::new(tenant).map_err(invalid)?;
+            let key = IdempotencyKey::new(key).map_err(invalid)?;
+            show_key(url, &tenant, &key, json).await
+        }
+        KeysCommand::Audit {
+            order,
+            tenant,
+            json,
+        } => {
+            let tenant = tenant.map(TenantId::new).transpose().map_err(invalid)?;
+            audit(url, tenant.as_ref(), &order, json).await
+        }
+    }
+}
+
+async fn show_key(url: &str, tenant: &TenantId, key: &IdempotencyKey, json: bool) -> CliResult {
+    let store = open::open_store(url).await?;
+    match show(store.as_ref(), tenant, key).await? {
+        Some(v) if json => print_json(&v),
+        Some(v) => print_human(&v),
+        None => {
+            // Past the online tiers the key may be in the archive.
+            let archived = match open::open_archive(url).await? {
+                Some(archive) => archive.archived(tenant, key).await?,
+                None => None,
+            };
+            match archived {
+                Some(a) if json => print_json(&archived_view(&a)),
+                Some(a) => print_archived(&a),
+                None => {
+                    eprintln!("no record for key {key} in tenant {tenant}");
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn audit(url: &str, tenant: Option<&TenantId>, order: &str, json: bool) -> CliResult {
+    let Some(archive) = open::open_archive(url).await? else {
+        return Err(CliError::invalid(
+            "this store keeps no archive (Redis records only expire)",
+        ));
+    };
+    let found = archive.archived_by_ref(tenant, order).await?;
+    if json {
+        print_json(&found.iter().map(archived_view).collect::<Vec<_>>());
+    } else {
+        for a in &found {
+            print_archived(a);
+            println!();
+        }
+    }
+    if found.is_empty() {
+        eprintln!("no archived record refers to {order}");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 #[derive(Serialize)]
 pub struct KeyView {
@@ -20,12 +125,6 @@ pub struct KeyView {
     pub result_status: Option<u16>,
     pub result_ref: Option<String>,
     pub result_bytes: Option<usize>,
-}
-
-pub fn rfc3339(ms: Millis) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-        .unwrap_or_else(|| ms.to_string())
 }
 
 pub fn view(r: &Record) -> KeyView {

@@ -12,38 +12,150 @@ use idem_core::{
 };
 use serde::Serialize;
 
-use crate::keys::rfc3339;
+use crate::cli::{parse_duration, passed, print_json, rfc3339, CliError, CliResult};
 
-/// Parses `500ms`, `3s`, `2m`, `1h` (a bare number is seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    parse_any_duration(s)
+// `idem lock …`; a plain comment, so clap takes the about from the variant.
+#[derive(clap::Args)]
+pub struct LockArgs {
+    #[command(subcommand)]
+    command: LockCommand,
 }
 
-/// A duration that must not be zero (leases, timeouts that would expire at once).
-pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
-    match parse_any_duration(s)? {
-        d if d.is_zero() => Err(format!("{s:?}: must be more than zero")),
-        d => Ok(d),
-    }
+#[derive(clap::Subcommand)]
+enum LockCommand {
+    /// Acquire NAME for OWNER; non-zero exit when not acquired.
+    Acquire {
+        /// The lease name.
+        name: String,
+        /// The holder's owner id.
+        #[arg(long)]
+        owner: String,
+        /// Lease length: 500ms, 3s, 2m …
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Duration,
+        /// Wait up to this long for the holder to go away.
+        #[arg(long, value_parser = parse_duration, default_value = "0s")]
+        wait: Duration,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Renew a lease you hold (owner and token must match).
+    Renew {
+        /// The lease name.
+        name: String,
+        /// The holder's owner id.
+        #[arg(long)]
+        owner: String,
+        /// The fencing token the holder was granted.
+        #[arg(long)]
+        token: i64,
+        /// How long the lease lasts from now, e.g. 3s.
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Duration,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release a lease you hold; non-zero exit when you are not the holder.
+    Release {
+        /// The lease name.
+        name: String,
+        /// The holder's owner id.
+        #[arg(long)]
+        owner: String,
+        /// The fencing token the holder was granted.
+        #[arg(long)]
+        token: i64,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Holder, token, times, renewals and recent events.
+    Show {
+        /// The lease name.
+        name: String,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Admin: release whoever holds NAME; the reason is recorded.
+    ForceRelease {
+        /// The lease name.
+        name: String,
+        /// Why, in words; recorded with the change.
+        #[arg(long)]
+        reason: String,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-fn parse_any_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 3s, 2m"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+pub async fn run(url: &str, args: LockArgs) -> CliResult {
+    let store = crate::open::open_lease_store(url).await?;
+    let store = store.as_ref();
+    let invalid = |e: idem_core::KeyError| CliError::invalid(e.to_string());
+    let holder = |name: String, owner: String| -> Result<(LeaseName, OwnerId), CliError> {
+        Ok((
+            LeaseName::new(name).map_err(invalid)?,
+            OwnerId::new(owner).map_err(invalid)?,
+        ))
     };
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"))
+    let (outcome, json) = match args.command {
+        LockCommand::Acquire {
+            name,
+            owner,
+            ttl,
+            wait,
+            json,
+        } => {
+            let (name, owner) = holder(name, owner)?;
+            (acquire(store, &name, &owner, ttl, wait).await, json)
+        }
+        LockCommand::Renew {
+            name,
+            owner,
+            token,
+            ttl,
+            json,
+        } => {
+            let (name, owner) = holder(name, owner)?;
+            (
+                renew(store, &name, &owner, FencingToken::new(token), ttl).await,
+                json,
+            )
+        }
+        LockCommand::Release {
+            name,
+            owner,
+            token,
+            json,
+        } => {
+            let (name, owner) = holder(name, owner)?;
+            (
+                release(store, &name, &owner, FencingToken::new(token)).await,
+                json,
+            )
+        }
+        LockCommand::Show { name, json } => {
+            let name = LeaseName::new(name).map_err(invalid)?;
+            (show(store, &name).await, json)
+        }
+        LockCommand::ForceRelease { name, reason, json } => {
+            let name = LeaseName::new(name).map_err(invalid)?;
+            (force_release(store, &name, &reason).await, json)
+        }
+    };
+    let outcome = outcome.map_err(|e| CliError::backend(e.to_string()))?;
+    if json {
+        print_json(&outcome.json);
+    } else if outcome.ok {
+        println!("{}", outcome.text);
+    } else {
+        eprintln!("{}", outcome.text);
+    }
+    Ok(passed(outcome.ok))
 }
 
 #[derive(Serialize)]
@@ -230,30 +342,4 @@ pub async fn show(store: &dyn LeaseStore, name: &LeaseName) -> Result<Outcome, L
         json: serde_json::json!({"name": name.to_string(), "holder": holder.as_ref().map(view),
             "last_token": last_token.map(|t| t.get()), "now": rfc3339(now), "events": events_json}),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn durations() {
-        let check = |s: &str, ms: Option<u64>| {
-            assert_eq!(
-                parse_duration(s).ok().map(|d| d.as_millis() as u64),
-                ms,
-                "{s}"
-            )
-        };
-        check("3s", Some(3000));
-        check("500ms", Some(500));
-        check("2m", Some(120_000));
-        check("1.5s", Some(1500));
-        check("4", Some(4000));
-        check("3x", None);
-        check("", None);
-        check("-1s", None);
-        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
-    }
 }

@@ -1,5 +1,5 @@
-//! `idem reconcile` and `idem bench reconcile`: argument handling, the progress bar and
-//! the output formats. The reconciliation itself is `idem_orders::reconcile`.
+//! `idem reconcile`: argument handling, the progress bar and the output formats (`idem
+//! bench reconcile` is `bench`'s). The reconciliation itself is `idem_orders::reconcile`.
 //!
 //! Exit codes: 0 when every ledger check passed, 1 when a check failed (or an action
 //! failed or is blocked), 3 when `--apply` was refused because the chain is not frozen.
@@ -10,32 +10,55 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_bench::reconcile::BenchOptions;
 use idem_core::StoreError;
 use idem_orders::reconcile::{self, ActionHook, Progress, ProgressHook, ReconcileOptions};
+
+use crate::cli::{parse_duration, passed, print_json, CliResult};
 
 /// Test-only: abort the process (no cleanup, like `kill -9`) after this many applied
 /// actions, to prove a rerun completes exactly the rest.
 pub const ABORT_AFTER_ENV: &str = "IDEM_RECONCILE_ABORT_AFTER";
 
+#[derive(clap::Args)]
 pub struct ReconcileArgs {
-    pub tenant: Option<String>,
-    pub user: Option<String>,
-    pub show: Option<String>,
-    pub since: Option<String>,
-    pub until: Option<String>,
-    pub window: Duration,
-    pub apply: bool,
-    pub force: bool,
-    pub json: bool,
-    pub html: Option<PathBuf>,
+    /// The tenant, as the service authenticated it.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Only this user's orders.
+    #[arg(long)]
+    user: Option<String>,
+    /// Only this show's orders.
+    #[arg(long)]
+    show: Option<String>,
+    /// Orders created at or after this time (RFC 3339).
+    #[arg(long)]
+    since: Option<String>,
+    /// Orders created before this time (RFC 3339).
+    #[arg(long)]
+    until: Option<String>,
+    /// Orders of one session this close to the intent's first order are one intent.
+    #[arg(long, value_parser = parse_duration, default_value = "2m")]
+    window: Duration,
+    /// Execute the plan (every action is idempotent; rerunning changes nothing).
+    #[arg(long)]
+    apply: bool,
+    /// Apply even though the automatic chain is not frozen for the scope.
+    #[arg(long)]
+    force: bool,
+    /// Print the result as JSON (a failure as an `error` object).
+    #[arg(long, conflicts_with = "html")]
+    json: bool,
+    /// Write a self-contained HTML report to FILE.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
 }
 
 fn invalid(msg: impl Into<String>) -> StoreError {
     StoreError::InvalidInput(msg.into())
 }
 
-fn orders_err(e: idem_orders::Error) -> StoreError {
+/// The order ledgers' errors by kind (shared with `idem bench reconcile`).
+pub fn orders_err(e: idem_orders::Error) -> StoreError {
     match e {
         idem_orders::Error::InvalidInput(s) => StoreError::InvalidInput(s),
         e if e.is_unavailable() => StoreError::Unavailable(e.to_string()),
@@ -88,7 +111,7 @@ fn abort_hook() -> Result<Option<ActionHook>, StoreError> {
     })))
 }
 
-pub async fn run(url: &str, args: ReconcileArgs) -> Result<ExitCode, StoreError> {
+pub async fn run(url: &str, args: ReconcileArgs) -> CliResult {
     let options = ReconcileOptions {
         tenant: args.tenant,
         user: args.user,
@@ -114,7 +137,7 @@ pub async fn run(url: &str, args: ReconcileArgs) -> Result<ExitCode, StoreError>
         .await
         .map_err(orders_err)?;
     if args.json {
-        crate::print_json(&report);
+        print_json(&report);
     } else {
         print!("{}", report.render_text());
     }
@@ -132,33 +155,5 @@ pub async fn run(url: &str, args: ReconcileArgs) -> Result<ExitCode, StoreError>
         return Ok(ExitCode::from(3));
     }
     let troubled = report.totals.failed > 0 || (args.apply && report.totals.blocked > 0);
-    Ok(if report.passed && !troubled {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
-}
-
-pub async fn bench(
-    url: &str,
-    orders: u64,
-    duplicate_every: u64,
-    json: bool,
-) -> Result<ExitCode, StoreError> {
-    let report = idem_bench::reconcile::bench(
-        url,
-        &BenchOptions {
-            orders,
-            duplicate_every,
-            ..BenchOptions::default()
-        },
-    )
-    .await
-    .map_err(orders_err)?;
-    if json {
-        crate::print_json(&report);
-    } else {
-        print!("{}", report.render_text());
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(passed(report.passed && !troubled))
 }

@@ -1,4 +1,5 @@
-//! `idem sweep` and `idem bench sweep`: the retention sweeper from the command line.
+//! `idem sweep`: the retention sweeper from the command line (`idem bench sweep` is
+//! `bench::sweep`'s).
 //!
 //! The policy comes from the environment (`idem_sweep::config`) and is validated before
 //! anything runs. SQLite and PostgreSQL are swept; Redis records expire by TTL (the
@@ -11,7 +12,41 @@ use idem_core::{IdempotencyStore, LeaseStore, Millis, RetentionStore, StoreError
 use idem_sql::{OpenOptions, Store};
 use idem_sweep::{SweepOptions, SweepReport, Sweeper};
 
-use crate::open::{backend_of, bench_url, Backend};
+use crate::cli::{print_json, rfc3339, CliResult};
+use crate::open::{backend_of, Backend};
+
+#[derive(clap::Args)]
+pub struct SweepArgs {
+    /// Count what would move; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Sweep as of this time (RFC 3339) instead of the store's clock. The stale
+    /// PROCESSING scan never uses a time ahead of the store's clock.
+    #[arg(long)]
+    now: Option<String>,
+    /// Print the summary (counts per transition) as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Share of wall time spent working, in [0.01, 1]: after each batch the sweep rests
+    /// so claims on the same database keep their latency.
+    #[arg(long, default_value_t = idem_sweep::DEFAULT_DUTY, value_parser = parse_duty)]
+    duty: f64,
+}
+
+/// `--duty`: a share of wall time in [MIN_DUTY, 1].
+pub fn parse_duty(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a number: {e}"))?;
+    if v.is_finite() && (idem_sweep::MIN_DUTY..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{text} is outside [{}, 1]; 1 means no rest between batches",
+            idem_sweep::MIN_DUTY
+        ))
+    }
+}
 
 type Stores = (
     Arc<dyn IdempotencyStore>,
@@ -19,7 +54,7 @@ type Stores = (
     Arc<dyn LeaseStore>,
 );
 
-fn redis_has_nothing_to_sweep() -> StoreError {
+pub fn redis_has_nothing_to_sweep() -> StoreError {
     StoreError::InvalidInput(
         "Redis records expire by TTL when their retention window ends; there are no tiers \
          or archive to sweep there (see idem_redis::retention)"
@@ -53,28 +88,22 @@ pub fn parse_now(text: &str) -> Result<Millis, StoreError> {
 }
 
 /// `idem sweep`.
-pub async fn run(
-    url: &str,
-    dry_run: bool,
-    now: Option<String>,
-    json: bool,
-    duty: f64,
-) -> Result<ExitCode, StoreError> {
+pub async fn run(url: &str, args: SweepArgs) -> CliResult {
     let (policy, _sources) = idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
-    let now = now.as_deref().map(parse_now).transpose()?;
+    let now = args.now.as_deref().map(parse_now).transpose()?;
     let (_, retention, leases) = open(url).await?;
     let sweeper = Sweeper::new(retention, policy)
         .with_lease(leases, idem_lease::LeaseMetrics::default())
-        .with_duty(duty);
+        .with_duty(args.duty);
     let report = sweeper
         .run(&SweepOptions {
-            dry_run,
+            dry_run: args.dry_run,
             now,
-            progress: !json,
+            progress: !args.json,
         })
         .await?;
-    if json {
-        crate::print_json(&report);
+    if args.json {
+        print_json(&report);
     } else {
         print_human(&report);
     }
@@ -91,7 +120,7 @@ pub fn print_human(r: &SweepReport) {
     println!(
         "sweep of {} as of {}{}",
         r.backend,
-        crate::keys::rfc3339(r.now),
+        rfc3339(r.now),
         if r.dry_run { " (dry run)" } else { "" }
     );
     match &r.lease {
@@ -138,69 +167,4 @@ pub fn print_human(r: &SweepReport) {
         r.elapsed_ms,
         r.moved(Tier::Dispute)
     );
-}
-
-/// `idem bench sweep`.
-pub async fn bench(
-    url: &str,
-    records: u64,
-    concurrency: usize,
-    batch: usize,
-    duty: f64,
-    json: bool,
-) -> Result<ExitCode, StoreError> {
-    if backend_of(url)? == Backend::Redis {
-        return Err(redis_has_nothing_to_sweep());
-    }
-    let (url, _tmp) = bench_url(url, "sweep.db")?;
-    // PostgreSQL: a schema of its own, dropped when the bench ends.
-    let options = OpenOptions {
-        pg_schema: Some(format!(
-            "idem_bench_sweep_{}",
-            uuid::Uuid::now_v7().simple()
-        )),
-        pg_max_connections: Some((concurrency + 4) as u32),
-        ..OpenOptions::default()
-    };
-    let opened = Store::open(&url, &options).await?;
-    let sql = opened.sql().ok_or_else(redis_has_nothing_to_sweep)?.clone();
-    let report = run_bench(&sql, records, concurrency, batch, duty).await;
-    let dropped = match opened.sql().and_then(idem_sql::SqlStore::postgres) {
-        Some(pg) => {
-            crate::bench::drop_bench_schema(pg.pool(), pg.schema().unwrap_or_default()).await
-        }
-        None => Ok(()),
-    };
-    let report = report?;
-    dropped?;
-    print_bench(&report, json);
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn run_bench(
-    sql: &idem_sql::SqlStore,
-    records: u64,
-    concurrency: usize,
-    batch: usize,
-    duty: f64,
-) -> Result<idem_bench::sweep::BenchReport, StoreError> {
-    idem_bench::sweep::bench(
-        sql,
-        idem_bench::sweep::BenchOptions {
-            records,
-            concurrency,
-            batch,
-            duty,
-            ..idem_bench::sweep::BenchOptions::default()
-        },
-    )
-    .await
-}
-
-fn print_bench(report: &idem_bench::sweep::BenchReport, json: bool) {
-    if json {
-        crate::print_json(report);
-    } else {
-        idem_bench::sweep::print_human(report);
-    }
 }

@@ -13,7 +13,10 @@ use idem_sql::{Backend, OpenOptions, Store};
 use idem_sqlite::SqliteOptions;
 use serde::Serialize;
 
-use crate::bench::{drive, phase, Phase};
+use super::baseline::{
+    drop_bench_schema, pg_bench_pool, redis_connection, sqlite_pool_after_ddl, unlink_prefix,
+};
+use super::load::{drive, phase, Load, Phase};
 use crate::open::bench_url;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -106,7 +109,7 @@ impl RawLock for PgRaw {
     }
 
     async fn cleanup(&self) -> Result<(), StoreError> {
-        crate::bench::drop_bench_schema(&self.pool, &self.schema).await
+        drop_bench_schema(&self.pool, &self.schema).await
     }
 }
 
@@ -148,7 +151,7 @@ impl RawLock for RedisRaw {
     }
 
     async fn cleanup(&self) -> Result<(), StoreError> {
-        crate::bench::unlink_prefix(&self.conn, &self.prefix).await
+        unlink_prefix(&self.conn, &self.prefix).await
     }
 }
 
@@ -191,12 +194,10 @@ async fn targets(
     let raw_lock: Arc<dyn RawLock> = match store.backend() {
         Backend::Sqlite => {
             let opts = SqliteOptions::from_url(&url)?;
-            Arc::new(SqliteRaw(
-                crate::bench::sqlite_pool_after_ddl(&opts, SQL_TABLE).await?,
-            ))
+            Arc::new(SqliteRaw(sqlite_pool_after_ddl(&opts, SQL_TABLE).await?))
         }
         Backend::Postgres => {
-            let pool = crate::bench::pg_bench_pool()
+            let pool = pg_bench_pool()
                 .connect(&url)
                 .await
                 .map_err(|e| StoreError::Unavailable(e.to_string()))?;
@@ -209,7 +210,7 @@ async fn targets(
             Arc::new(PgRaw { pool, schema })
         }
         Backend::Redis => {
-            let conn = crate::bench::redis_connection(&url).await?;
+            let conn = redis_connection(&url).await?;
             let release = redis::Script::new(
                 "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end",
             );
@@ -236,8 +237,8 @@ pub async fn run(
     let (store, raw_lock, _tmp, backend) = targets(url).await?;
     let half = duration / 2;
     let run_id = uuid::Uuid::now_v7().simple().to_string();
-    let mut idem = crate::bench::Load::default();
-    let mut base = crate::bench::Load::default();
+    let mut idem = Load::default();
+    let mut base = Load::default();
     let meter = idem_bench::saturation::Meter::start();
     let outcome: Result<(), StoreError> = async {
         for round in 0..2 {

@@ -1,6 +1,7 @@
-//! `idem serve`, `idem freeze` / `idem unfreeze` and `idem demo incident`: the command
-//! line of the order service (`idem-orders`), plus the retention sweeper that runs beside
-//! the server.
+//! `idem serve`: the command line of the order service (`idem-orders`) — its flags, its
+//! secrets (where they come from, warnings where others can read them) — plus the
+//! retention sweeper that runs beside the server. The service's rules stay in
+//! `idem-orders`; where the flags' values may also come from is `settings`'.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -8,44 +9,85 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_bench::demo::DemoOptions;
 use idem_core::{CompensationCheck, StoreError};
 use idem_orders::compensation::OrderCompensation;
-use idem_orders::{
-    ApiKey, FreezeRequest, FreezeScope, FreezeWhat, HttpTimeouts, ServeConfig, ServiceOptions,
-};
+use idem_orders::{ApiKey, HttpTimeouts, ServeConfig, ServiceOptions};
 use idem_sweep::Sweeper;
 
+use crate::cli::{orders_error, parse_duration, parse_positive_duration, CliResult};
 use crate::open::{backend_of, Backend};
 
-fn orders_err(e: idem_orders::Error) -> StoreError {
-    match e {
-        idem_orders::Error::InvalidInput(m) => StoreError::InvalidInput(m),
-        idem_orders::Error::Unavailable(m) => StoreError::Unavailable(m),
-        idem_orders::Error::Store(s) => s,
-        other => StoreError::Backend(other.to_string()),
-    }
-}
-
+#[derive(clap::Args)]
 pub struct ServeArgs {
-    /// The `--config` file, checked for secrets others can read.
-    pub config: Option<PathBuf>,
-    pub listen: SocketAddr,
-    pub api_keys: Vec<String>,
-    pub api_keys_file: Option<PathBuf>,
-    pub admin_token: Option<String>,
-    pub admin_token_file: Option<PathBuf>,
-    pub nats_url: Option<String>,
-    pub nats_ca_file: Option<PathBuf>,
-    pub tls: Option<idem_net::tls::CertFiles>,
-    pub sweep_every: Duration,
-    pub header_read_timeout: Duration,
-    pub body_read_timeout: Duration,
-    pub shutdown_grace: Duration,
-    pub metrics_listen: Option<SocketAddr>,
-    pub trusted_proxies: Vec<idem_orders::IpNet>,
-    pub console_secure_cookie: bool,
-    pub tuning: ServeTuning,
+    /// Settings from a TOML file whose keys are these flags; a flag or its
+    /// environment variable wins over the file.
+    #[arg(long, env = "IDEM_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1:8080).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// TENANT=SECRET (repeatable); clients send `Authorization: Bearer SECRET`. The
+    /// command line shows in `ps`: prefer IDEM_API_KEYS (comma-separated
+    /// TENANT=SECRET) or --api-keys-file.
+    #[arg(long = "api-key")]
+    api_keys: Vec<String>,
+    /// A file of TENANT=SECRET lines (blank lines and `#` comments skipped).
+    #[arg(long, value_name = "PATH")]
+    api_keys_file: Option<PathBuf>,
+    /// Enables the admin API (freezes, shows), `/metrics` and the console; at least 16
+    /// characters. The command line shows in `ps`: prefer IDEM_ADMIN_TOKEN or
+    /// --admin-token-file.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Read the admin token from this file (its first line).
+    #[arg(long, value_name = "PATH")]
+    admin_token_file: Option<PathBuf>,
+    /// Relay the outbox to NATS JetStream instead of in process (nats:// or tls://).
+    #[arg(long, env = "IDEM_NATS_URL", hide_env_values = true)]
+    nats_url: Option<String>,
+    /// A private CA (PEM) the NATS server's certificate may chain to.
+    #[arg(
+        long,
+        env = "IDEM_NATS_CA_FILE",
+        value_name = "PATH",
+        requires = "nats_url"
+    )]
+    nats_ca_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key. The metrics
+    /// listener serves HTTPS too.
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "PATH", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "PATH", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// How often the retention sweeper runs beside the server (0s: never).
+    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    sweep_every: Duration,
+    /// A request head must arrive within this, or the connection is closed (an idle
+    /// keep-alive connection is closed after it too).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    header_read_timeout: Duration,
+    /// A request body must arrive in full within this, or the answer is 408.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    body_read_timeout: Duration,
+    /// On SIGTERM or SIGINT, requests in flight get this long to finish; executions
+    /// still running then are cut off and their keys left FAILED_RETRYABLE.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    shutdown_grace: Duration,
+    /// Also serve `/metrics`, without credentials, on this address (keep it internal).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Reverse proxies (addresses or CIDR blocks; repeatable or comma-separated) whose
+    /// X-Forwarded-For names the client of a console login, for its throttle and
+    /// audit. Default none: the peer is the client.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR|CIDR")]
+    trusted_proxies: Vec<idem_orders::IpNet>,
+    /// Give the console's session cookie `Secure` on plain HTTP too, when TLS ends at
+    /// a proxy in front (with --tls-cert it always has it).
+    #[arg(long)]
+    console_secure_cookie: bool,
+    #[command(flatten)]
+    tuning: ServeTuning,
 }
 
 /// `--create-claim`.
@@ -70,20 +112,20 @@ impl From<CreateClaim> for idem_orders::ClaimMode {
 pub struct ServeTuning {
     /// How long a claim holds a key PROCESSING before another arrival may take it over;
     /// renewed every third of it while the handler runs.
-    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "60s")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "60s")]
     pub claim_lease: Duration,
     /// How long a duplicate waits for the request holding its key before 409.
-    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "10s")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "10s")]
     pub in_progress_wait: Duration,
     /// TTL of the service's per-order and per-show leases (renewed while held): how long a
     /// crashed holder blocks pay, cancel and stock release of its order or show.
-    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "30s")]
     pub lease_ttl: Duration,
     /// How long a request waits for a per-order lease another request holds before 409.
-    #[arg(long, value_parser = crate::lock::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub lease_wait: Duration,
     /// How long the sweeper's lease lasts before another server's sweeper may take over.
-    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "30s")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "30s")]
     pub sweep_lease: Duration,
     /// Also serve `POST /v1/legacy/orders`: the keyless create that mints an order per
     /// arrival (for demonstrations and controls only).
@@ -104,7 +146,7 @@ pub struct ServeTuning {
     #[arg(long, default_value = "idem-orders", requires = "nats_url")]
     pub nats_durable_prefix: String,
     /// Redelivery of a message whose consumer never acked it.
-    #[arg(long, value_parser = crate::lock::parse_positive_duration, default_value = "30s", requires = "nats_url")]
+    #[arg(long, value_parser = parse_positive_duration, default_value = "30s", requires = "nats_url")]
     pub nats_ack_wait: Duration,
 }
 
@@ -214,11 +256,11 @@ fn api_keys(args: &ServeArgs) -> Result<Vec<ApiKey>, StoreError> {
         .iter()
         .map(|k| k.parse::<ApiKey>())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(orders_err)?;
+        .map_err(orders_error)?;
     // A source that was given but holds no key is a mistake, not a request for the
     // development mode (which would print credentials and change who can call).
     if let Ok(list) = std::env::var(API_KEYS_ENV) {
-        let found = ApiKey::parse_list(&list, API_KEYS_ENV).map_err(orders_err)?;
+        let found = ApiKey::parse_list(&list, API_KEYS_ENV).map_err(orders_error)?;
         if found.is_empty() {
             return Err(StoreError::InvalidInput(format!(
                 "{API_KEYS_ENV} is set but holds no TENANT=SECRET"
@@ -229,7 +271,7 @@ fn api_keys(args: &ServeArgs) -> Result<Vec<ApiKey>, StoreError> {
     if let Some(path) = &args.api_keys_file {
         let text = read_secret_file(path)?;
         let origin = path.display().to_string();
-        let found = ApiKey::parse_lines(&text, &origin).map_err(orders_err)?;
+        let found = ApiKey::parse_lines(&text, &origin).map_err(orders_error)?;
         if found.is_empty() {
             return Err(StoreError::InvalidInput(format!(
                 "{origin} holds no TENANT=SECRET line"
@@ -274,7 +316,7 @@ async fn start_sweeper(
     // compensation check has its tables from the first sweep on.
     let db = idem_orders::Database::open(url, idem_orders::DatabaseOptions::default())
         .await
-        .map_err(orders_err)?;
+        .map_err(orders_error)?;
     let check: Arc<dyn CompensationCheck> = Arc::new(OrderCompensation::for_database(&db));
     let (_, retention, leases) = crate::sweep::open(url).await?;
     // The process id in the owner tells an operator which server's sweeper holds the lease.
@@ -292,11 +334,14 @@ async fn start_sweeper(
     Ok(sweeper.spawn(every))
 }
 
-pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
+pub async fn run(url: &str, args: ServeArgs) -> CliResult {
+    let tls = idem_net::tls::CertFiles::pair(args.tls_cert.clone(), args.tls_key.clone())
+        .map_err(StoreError::InvalidInput)?;
     if backend_of(url)? == Backend::Redis {
         return Err(StoreError::InvalidInput(
             "the order service needs SQLite or PostgreSQL (its ledgers and records share one database)".into(),
-        ));
+        )
+        .into());
     }
     // Validate the retention policy before binding: a bad policy is a start-up error.
     idem_sweep::config::from_env().map_err(StoreError::InvalidInput)?;
@@ -317,7 +362,7 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
         api_keys: api_keys(&args)?,
         admin_token: admin_token(&args)?,
         nats_url: args.nats_url,
-        tls: args.tls,
+        tls,
         options: ServiceOptions {
             timeouts: HttpTimeouts {
                 header_read: args.header_read_timeout,
@@ -349,62 +394,7 @@ pub async fn serve(url: &str, args: ServeArgs) -> Result<ExitCode, StoreError> {
     };
     idem_orders::serve(config, shutdown)
         .await
-        .map_err(orders_err)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-pub fn freeze_request(
-    scope: &str,
-    what: &str,
-    tenant: Option<String>,
-    reason: Option<String>,
-) -> Result<FreezeRequest, StoreError> {
-    let scope: FreezeScope = scope.parse().map_err(orders_err)?;
-    let what = FreezeWhat::parse_list(what).map_err(orders_err)?;
-    let mut request = FreezeRequest::new(scope, what);
-    request.tenant = tenant;
-    request.reason = reason;
-    request.actor = std::env::var("USER").ok();
-    Ok(request)
-}
-
-pub async fn freeze(
-    url: &str,
-    request: FreezeRequest,
-    unfreeze: bool,
-    json: bool,
-) -> Result<ExitCode, StoreError> {
-    let change = if unfreeze {
-        idem_orders::freeze::unfreeze(url, &request).await
-    } else {
-        idem_orders::freeze::freeze(url, &request).await
-    }
-    .map_err(orders_err)?;
-    if json {
-        crate::print_json(&change);
-    } else {
-        let verb = if unfreeze { "unfroze" } else { "froze" };
-        println!("{verb} {} switch(es)", change.changed.len());
-        println!("active freezes: {}", change.active.len());
-        for f in &change.active {
-            println!("  {}", serde_json::to_string(f).unwrap_or_default());
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-pub async fn demo_incident(url: Option<String>, json: bool) -> Result<ExitCode, StoreError> {
-    let report = idem_bench::demo::demo_incident(DemoOptions {
-        database_url: url,
-        ..DemoOptions::default()
-    })
-    .await
-    .map_err(orders_err)?;
-    if json {
-        crate::print_json(&report);
-    } else {
-        println!("{}", report.render_text());
-    }
+        .map_err(orders_error)?;
     Ok(ExitCode::SUCCESS)
 }
 
