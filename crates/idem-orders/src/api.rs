@@ -517,6 +517,7 @@ fn rejected(state: &AppState, e: OrderError) -> ApiError {
 #[utoipa::path(
     post,
     path = "/v1/orders",
+    tag = crate::openapi::TAG,
     summary = "Create an order (order, hold and order.created in one transaction with the key's record)",
     request_body = crate::service::NewOrder,
     responses(
@@ -551,6 +552,7 @@ async fn create_order(
 #[utoipa::path(
     post,
     path = "/v1/legacy/orders",
+    tag = crate::openapi::TAG,
     summary = "The pre-idem behaviour (demo only): no key, a new order per arrival",
     request_body = crate::service::NewOrder,
     responses(
@@ -687,6 +689,7 @@ async fn create_final(
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/pay",
+    tag = crate::openapi::TAG,
     summary = "Pay (charge under pay:{order_id}, then confirm); concurrent pays make one charge",
     params(("order_id" = String, Path, description = "The order")),
     responses(
@@ -729,6 +732,7 @@ async fn pay_order(
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/cancel",
+    tag = crate::openapi::TAG,
     summary = "Cancel (refunding under refund:{order_id} when paid); the hold is released by the chain",
     params(("order_id" = String, Path, description = "The order")),
     responses(
@@ -766,6 +770,7 @@ async fn cancel_order(
 #[utoipa::path(
     get,
     path = "/v1/orders/{order_id}",
+    tag = crate::openapi::TAG,
     summary = "An order with its payments, hold, ticket, messages, active freezes and history",
     params(("order_id" = String, Path, description = "The order")),
     responses(
@@ -789,6 +794,7 @@ async fn get_order(
 #[utoipa::path(
     get,
     path = "/v1/orders",
+    tag = crate::openapi::TAG,
     summary = "List the tenant's orders, oldest first",
     params(crate::ledgers::OrderFilter),
     responses(
@@ -812,6 +818,7 @@ async fn list_orders(
 #[utoipa::path(
     get,
     path = "/v1/idempotency-keys/{key}",
+    tag = crate::openapi::TAG,
     summary = "The key's state and result reference for this tenant (the gateway's state query)",
     params(("key" = String, Path, description = "The idempotency key")),
     responses(
@@ -966,6 +973,7 @@ impl FreezeBody {
 #[utoipa::path(
     get,
     path = "/v1/admin/freezes",
+    tag = crate::openapi::TAG,
     summary = "Active freezes and their history (admin token)",
     responses(
         (status = 200, description = "Active freezes and their history", body = Object),
@@ -991,6 +999,7 @@ async fn list_freezes(
 #[utoipa::path(
     post,
     path = "/v1/admin/freezes",
+    tag = crate::openapi::TAG,
     summary = "Freeze payment-confirm, ticketing and/or inventory-release for user:U, show:S or all (admin token)",
     request_body = FreezeBody,
     responses(
@@ -1022,6 +1031,7 @@ async fn post_freeze(
 #[utoipa::path(
     post,
     path = "/v1/admin/unfreeze",
+    tag = crate::openapi::TAG,
     summary = "End freezes; the queued work resumes (admin token)",
     request_body = FreezeBody,
     responses(
@@ -1062,6 +1072,7 @@ pub(crate) struct ShowBody {
 #[utoipa::path(
     put,
     path = "/v1/admin/shows/{tenant}/{show_id}",
+    tag = crate::openapi::TAG,
     summary = "Create a show for a tenant if missing (admin token)",
     params(("tenant" = String, Path), ("show_id" = String, Path)), request_body = ShowBody,
     responses(
@@ -1118,6 +1129,7 @@ async fn put_show(
 #[utoipa::path(
     get,
     path = "/healthz",
+    tag = crate::openapi::TAG,
     summary = "Liveness and database reachability",
     responses(
         (status = 200, description = "ok", body = Object),
@@ -1151,6 +1163,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/livez",
+    tag = crate::openapi::TAG,
     summary = "Liveness: the process serves HTTP",
     responses(
         (status = 200, description = "alive", body = Object)
@@ -1166,6 +1179,7 @@ async fn livez() -> Response {
 #[utoipa::path(
     get,
     path = "/readyz",
+    tag = crate::openapi::TAG,
     summary = "Readiness: database reachable, schemas current, not shutting down",
     responses(
         (status = 200, description = "ready", body = Object),
@@ -1222,6 +1236,7 @@ fn readiness(
 #[utoipa::path(
     get,
     path = "/metrics",
+    tag = crate::openapi::TAG,
     summary = "Prometheus metrics (the admin token; or without credentials on --metrics-listen)",
     responses(
         (status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -1316,6 +1331,7 @@ async fn refresh_after_change(state: &AppState) {
 #[utoipa::path(
     get,
     path = "/openapi.json",
+    tag = crate::openapi::TAG,
     summary = "This document",
     responses(
         (status = 200, description = "OpenAPI 3.1", body = Object)

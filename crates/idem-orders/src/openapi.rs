@@ -11,6 +11,11 @@ use serde_json::{json, Value};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
+/// The tag of every operation, written out: utoipa's default is the handler's module
+/// path, `crate::api` when the document was first published; moving a handler must not
+/// change the document.
+pub(crate) const TAG: &str = "crate::api";
+
 /// An RFC 9457 problem, as every error of this service is answered
 /// (`application/problem+json`).
 #[derive(ToSchema)]
