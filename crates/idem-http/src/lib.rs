@@ -22,8 +22,7 @@
 //! use std::sync::Arc;
 //!
 //! use axum::{body::{to_bytes, Body}, http::Request, routing::post, Router};
-//! use idem_core::{Principal, TenantId};
-//! use idem_http::{BearerTokens, Identity, IdempotencyLayer};
+//! use idem_http::{BearerTokens, Identity, IdempotencyLayer, Principal, TenantId};
 //! use idem_sqlite::SqliteStore;
 //! use tower::ServiceExt;
 //!
@@ -119,3 +118,7 @@ pub use metrics::IdempotencyMetrics;
 pub use problem::{Problem, ProblemKind, ProblemResponse, PROBLEM_JSON, PROBLEM_TYPE_BASE};
 pub use retention::{ReconstructResponse, Reconstructed};
 pub use transactional::TransactionalClaim;
+
+// The vocabulary a layer's first example needs, so a service can start with this crate
+// alone: who a caller is, and the store the layer takes.
+pub use idem_core::{IdempotencyStore, Principal, TenantId};
