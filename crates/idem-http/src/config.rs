@@ -65,7 +65,8 @@ pub enum ClaimMode {
 /// applies to every order. A route that is not a valid pattern matches only itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteRule {
-    pub route: String,
+    // Private with its pattern: the pattern is computed from it once.
+    route: String,
     pattern: Option<PathPattern>,
     pub method: Option<Method>,
     pub key: Option<KeyRule>,
@@ -75,6 +76,11 @@ pub struct RouteRule {
 }
 
 impl RouteRule {
+    /// The route as given.
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
     pub fn new(route: impl Into<String>) -> Self {
         let route = route.into();
         Self {
