@@ -156,12 +156,8 @@ const API_KEYS_ENV: &str = "IDEM_API_KEYS";
 fn read_secret_file(path: &Path) -> Result<String, StoreError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| StoreError::InvalidInput(format!("cannot read {}: {e}", path.display())))?;
-    #[cfg(unix)]
-    if let Ok(meta) = std::fs::metadata(path) {
-        use std::os::unix::fs::PermissionsExt;
-        if meta.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(file = %path.display(), "secret file is readable by other users; chmod 600 it");
-        }
+    if idem_gateway::config::readable_by_others(path) {
+        tracing::warn!(file = %path.display(), "secret file is readable by other users; chmod 600 it");
     }
     Ok(text)
 }
