@@ -206,28 +206,18 @@ pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError>
         ),
     };
     let run_id = uuid::Uuid::now_v7().simple().to_string();
-    let open = OpenOptions {
-        pg_schema: Some(format!("idem_bench_http_{run_id}")),
-        pg_max_connections: Some(u32::try_from(concurrency + 4).unwrap_or(64)),
-        redis_prefix: Some(format!("idem-bench-http-{run_id}")),
-        ..OpenOptions::default()
+    let open = {
+        let mut o = OpenOptions::default();
+        o.pg_schema = Some(format!("idem_bench_http_{run_id}"));
+        o.pg_max_connections = Some(u32::try_from(concurrency + 4).unwrap_or(64));
+        o.redis_prefix = Some(format!("idem-bench-http-{run_id}"));
+        o
     };
     let opened = Store::open(&url, &open).await?;
-    // The console's arrival timeline lives in a SQL database next to the records.
-    let timeline = match opened.sql() {
-        Some(sql) => {
-            let db = idem_orders::Database::with_ledgers(sql.clone())
-                .await
-                .map_err(|e| BenchError::Setup(format!("the timeline's tables: {e}")))?;
-            Some(idem_orders::arrivals::ArrivalLog::start(
-                db,
-                opened.records(),
-                Some(sql.archive()),
-                idem_orders::arrivals::ArrivalOptions::default(),
-            ))
-        }
-        None => None,
-    };
+    // The arrival timeline lives in the SQL store's own tables, next to the records.
+    let timeline = opened
+        .sql()
+        .map(|sql| idem_sql::ArrivalLog::start(sql.clone(), idem_sql::ArrivalOptions::default()));
     let measured = measure(
         opened.records(),
         concurrency,
@@ -286,7 +276,7 @@ async fn measure(
     concurrency: usize,
     phase: Duration,
     replay_keys: usize,
-    timeline: Option<idem_orders::arrivals::ArrivalLog>,
+    timeline: Option<idem_sql::ArrivalLog>,
 ) -> Result<HttpBenchReport, BenchError> {
     let tenant = TenantId::new("bench").map_err(|e| BenchError::Setup(e.to_string()))?;
     let principal = Principal::new("bench").map_err(|e| BenchError::Setup(e.to_string()))?;

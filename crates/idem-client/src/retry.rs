@@ -12,6 +12,7 @@ use rand::RngExt;
 /// How an intent is retried. `Default`: 5 attempts within 30 s, 10 s per attempt,
 /// backoff from 100 ms doubling to 5 s, retrying 409, 429, 502, 503 and 504.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts in total, the first included (at least 1).
     pub max_attempts: u32,

@@ -11,10 +11,8 @@ pub mod key;
 pub mod lease;
 pub mod policy;
 pub mod problem;
-pub mod recent;
 pub mod record;
 pub mod retention;
-pub mod row;
 pub mod store;
 pub mod wire;
 
@@ -29,7 +27,6 @@ pub use lease::{
 };
 pub use policy::{Outcome, OutcomePolicy};
 pub use problem::{Problem, ProblemKind, PROBLEM_JSON, PROBLEM_TYPE_BASE};
-pub use recent::RecentKeys;
 pub use record::{Millis, Record, RecordState, StoredResult};
 pub use retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, CompensationCheck, Demotion, DueRecord,

@@ -184,6 +184,7 @@ pub struct Finish {
 
 /// Limits a store enforces before writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreLimits {
     pub max_result_bytes: usize,
 }
@@ -197,6 +198,11 @@ impl Default for StoreLimits {
 }
 
 impl StoreLimits {
+    /// Limits with the largest stored result (status, headers and body) a store accepts.
+    pub fn with_max_result_bytes(max_result_bytes: usize) -> Self {
+        Self { max_result_bytes }
+    }
+
     pub fn check_claim(&self, req: &ClaimRequest) -> Result<(), StoreError> {
         check_lease(req.lease)
     }

@@ -45,9 +45,7 @@ impl Window {
         instance: &str,
         metrics: Arc<GatewayMetrics>,
     ) -> Result<Self, GatewayError> {
-        let limits = StoreLimits {
-            max_result_bytes: config.max_stored_bytes + RESULT_OVERHEAD,
-        };
+        let limits = StoreLimits::with_max_result_bytes(config.max_stored_bytes + RESULT_OVERHEAD);
         match &config.redis_url {
             None => {
                 let memory = MemoryStore::new(MemoryOptions {
@@ -79,15 +77,16 @@ impl Window {
                         }
                     })
                     .collect();
-                let options = RedisOptions {
-                    prefix: config.redis_prefix.clone(),
-                    retention: config.window(),
-                    limits,
-                    connect_timeout: config.redis_timeout(),
-                    response_timeout: config.redis_timeout(),
-                    client_name: Some(client_name),
-                    ca_file: config.redis_ca_file.clone(),
-                    ..RedisOptions::default()
+                let options = {
+                    let mut o = RedisOptions::default();
+                    o.prefix = config.redis_prefix.clone();
+                    o.retention = config.window();
+                    o.limits = limits;
+                    o.connect_timeout = config.redis_timeout();
+                    o.response_timeout = config.redis_timeout();
+                    o.client_name = Some(client_name);
+                    o.ca_file = config.redis_ca_file.clone();
+                    o
                 };
                 Ok(Self {
                     store: Arc::new(LazyRedisStore {

@@ -37,9 +37,7 @@ async fn harness() -> Option<MemoryHarness> {
     Some(MemoryHarness {
         store: MemoryStore::new(MemoryOptions {
             window: Duration::from_secs(600),
-            limits: StoreLimits {
-                max_result_bytes: LIMIT,
-            },
+            limits: StoreLimits::with_max_result_bytes(LIMIT),
             clock: clock.clone(),
             ..MemoryOptions::default()
         }),

@@ -146,6 +146,7 @@ pub struct ResolvedRules {
 
 /// The layer's configuration. `Default` is what one line in an app gets.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct IdempotencyConfig {
     /// Methods that require a key unless a [`RouteRule`] says otherwise. Default: POST
     /// and PATCH. Keys are meaningless on GET and DELETE.

@@ -34,7 +34,6 @@
 //! - Tenants come from authentication only; another tenant's order is 404.
 
 pub mod api;
-pub mod arrivals;
 pub mod chain;
 pub mod compensation;
 pub mod console;

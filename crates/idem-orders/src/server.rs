@@ -37,7 +37,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, LEGACY_ROUTE};
-use crate::arrivals::{ArrivalLog, ArrivalOptions};
 use crate::chain::{Chain, ChainHandle, ChainOptions, NatsOptions, TransportConfig};
 use crate::console::ConsoleState;
 use crate::db::{redact, Database, DatabaseOptions, DEFAULT_URL};
@@ -46,6 +45,7 @@ use crate::forwarded::TrustedProxies;
 use crate::ledgers::ShowSeed;
 use crate::metrics::OrdersMetrics;
 use crate::service::{Orders, OrdersOptions};
+use idem_sql::{ArrivalLog, ArrivalOptions};
 
 /// One `--api-key TENANT=SECRET`.
 #[derive(Clone, PartialEq, Eq)]
@@ -464,14 +464,11 @@ impl App {
         let store = database.idempotency_store();
         let auth: Arc<dyn idem_http::Authenticate> = Arc::new(auth);
         let max_body = idem_config.max_request_body;
-        let arrivals = config.options.arrivals.clone().map(|options| {
-            ArrivalLog::start(
-                database.clone(),
-                store.clone(),
-                Some(database.store().archive()),
-                options,
-            )
-        });
+        let arrivals = config
+            .options
+            .arrivals
+            .clone()
+            .map(|options| ArrivalLog::start(database.store().clone(), options));
         let mut layer = IdempotencyLayer::from_arcs(store.clone(), auth.clone())
             .with_config(idem_config)
             .with_metrics(idem_metrics.clone());

@@ -84,12 +84,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::lease::{check_ttl, fence_accepts};
 use idem_core::retention::millis;
-use idem_core::row::{
-    FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot, LeaseSteps,
-};
 use idem_core::{
     Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,
     LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
+};
+use idem_store_kit::row::{
+    FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot, LeaseSteps,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgExecutor, Postgres, Row};
@@ -97,7 +97,7 @@ use sqlx::{PgConnection, PgExecutor, Postgres, Row};
 use crate::error::map_err;
 use crate::PgStore;
 
-pub use idem_core::row::FencedWriteFuture;
+pub use idem_store_kit::row::FencedWriteFuture;
 
 /// The database clock in epoch milliseconds (`clock_timestamp()`: the time of reading,
 /// not of the transaction start).
@@ -676,7 +676,7 @@ async fn list_names(
     .fetch_all(exec)
     .await
     .map_err(lerr("lease names"))?;
-    idem_core::row::lease_names(names)
+    idem_store_kit::row::lease_names(names)
 }
 
 impl PgStore {
@@ -699,7 +699,7 @@ impl PgStore {
         resource: &str,
         lease: &Lease,
     ) -> Result<Option<(FencingToken, Millis)>, LeaseError> {
-        idem_core::row::check_resource(resource)?;
+        idem_store_kit::row::check_resource(resource)?;
         // DO UPDATE … WHERE locks the conflicting row even when the WHERE is false.
         let accepted: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {fences} AS f (resource, last_token, lease_name, owner, updated_at) \
@@ -776,7 +776,7 @@ impl PgStore {
         E: From<LeaseError>,
         F: for<'c> FnOnce(&'c mut PgConnection) -> FencedWriteFuture<'c, T, E>,
     {
-        idem_core::row::fenced_write(&Fence(self), resource, lease, write).await
+        idem_store_kit::row::fenced_write(&Fence(self), resource, lease, write).await
     }
 
     /// The fence inside the caller's transaction (`conn` is typically `&mut *tx`), for a
@@ -890,7 +890,7 @@ impl LeaseSteps for Change<'_> {
     }
 }
 
-/// This store's steps of [`idem_core::row::fenced_write`].
+/// This store's steps of [`idem_store_kit::row::fenced_write`].
 struct Fence<'s>(&'s PgStore);
 
 impl FenceSteps for Fence<'_> {

@@ -7,7 +7,7 @@
 //! - [`PgStore`], an [`IdempotencyStore`]: a claim is one statement that inserts a fresh
 //!   PROCESSING record or returns the existing one (one round trip for fresh, replay, in
 //!   progress and mismatch; a scope this store saw finished lately is read first with a
-//!   plain SELECT, see [`idem_core::recent`]); [`idem_core::decide`] reads the existing
+//!   plain SELECT, see [`idem_store_kit::recent`]); [`idem_core::decide`] reads the existing
 //!   record, and a
 //!   takeover (FAILED_RETRYABLE, or PROCESSING past its lease) is a compare-and-set on
 //!   the version it read. Finish and heartbeat are compare-and-sets on
@@ -43,8 +43,9 @@ use async_trait::async_trait;
 use idem_core::store::{lease_millis, verdict, Verdict};
 use idem_core::{
     Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
-    RecentKeys, Record, Scope, StoreError, StoreLimits,
+    Record, Scope, StoreError, StoreLimits,
 };
+use idem_store_kit::RecentKeys;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
@@ -63,6 +64,7 @@ const MAX_CLAIM_RERUNS: usize = 8;
 
 /// Connection and behaviour settings for [`PgStore::connect`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PgOptions {
     /// Schema holding the tables. Created by [`PgStore::migrate`] if missing, selected
     /// with `search_path` on every pooled connection, and used to qualify the store's
@@ -89,7 +91,7 @@ pub struct PgOptions {
     /// plain statement, existing keys two round trips). Takeovers are a separate
     /// compare-and-set either way.
     pub fresh_fast_path: bool,
-    /// Scopes remembered as holding a record (`idem_core::recent`): a claim on one of
+    /// Scopes remembered as holding a record (`idem_store_kit::recent`): a claim on one of
     /// them reads first with a plain SELECT and decides from it (a takeover is still its
     /// compare-and-set); when the record is gone it runs the one-statement claim. 0
     /// turns the shortcut off.
@@ -108,7 +110,7 @@ impl Default for PgOptions {
             lock_timeout: None,
             idle_in_transaction_timeout: None,
             fresh_fast_path: false,
-            recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
+            recent_capacity: idem_store_kit::recent::DEFAULT_RECENT_CAPACITY,
         }
     }
 }
@@ -386,7 +388,7 @@ impl PgStore {
     ) -> Result<Option<Record>, StoreError> {
         self.limits.check_final(req, &finish)?;
         let result = finish.result.as_ref();
-        let headers = result.map(|r| idem_core::row::headers_json(&r.headers));
+        let headers = result.map(|r| idem_store_kit::row::headers_json(&r.headers));
         let created: Option<i64> = match sqlx::query_scalar(self.sql.insert_final.clone())
             .bind(req.scope.tenant.as_str())
             .bind(req.scope.key.as_str())
@@ -593,7 +595,7 @@ impl PgStore {
     ) -> Result<Record, StoreError> {
         self.limits.check_finish(&finish)?;
         let result = finish.result.as_ref();
-        let headers = result.map(|r| idem_core::row::headers_json(&r.headers));
+        let headers = result.map(|r| idem_store_kit::row::headers_json(&r.headers));
         let row = sqlx::query(self.sql.finish.clone())
             .bind(token.scope.tenant.as_str())
             .bind(token.scope.key.as_str())

@@ -130,6 +130,12 @@ CREATE INDEX idem_records_completed_idx ON idem_records (completed_at)
         // cycle's cost in pgbench. Next to the statements in `lease.rs`.
         sql: crate::lease::RELEASE_IN_PLACE_SQL,
     },
+    Migration {
+        version: 10,
+        name: "idem_arrivals",
+        // The arrival timeline's tables (idem-sql's `arrivals` writes and reads them).
+        sql: include_str!("../migrations/0010_arrivals.sql"),
+    },
 ];
 
 /// Constant first half of the advisory lock key, so idem's lock does not collide with

@@ -23,8 +23,8 @@ use idem_core::retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, Demotion, DueRecord, RetentionStore, ScanCursor,
     StaleColumns, StaleRecord, Tier, TierUsage,
 };
-use idem_core::row::{ArchiveRow, DueRow};
 use idem_core::{IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
+use idem_store_kit::row::{ArchiveRow, DueRow};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
@@ -149,7 +149,7 @@ impl PgStore {
     }
 }
 
-/// Reads an archive row's columns; `idem_core::row` validates them.
+/// Reads an archive row's columns; `idem_store_kit::row` validates them.
 fn archived_from_row(row: &PgRow) -> Result<ArchivedRecord, StoreError> {
     let g = err("decode");
     ArchiveRow {
@@ -171,7 +171,7 @@ fn archived_from_row(row: &PgRow) -> Result<ArchivedRecord, StoreError> {
 }
 
 fn tier_of_row(row: &PgRow) -> Result<Tier, StoreError> {
-    idem_core::row::tier(row.try_get("tier").map_err(err("decode"))?)
+    idem_store_kit::row::tier(row.try_get("tier").map_err(err("decode"))?)
 }
 
 #[async_trait]
@@ -298,7 +298,7 @@ impl RetentionStore for PgStore {
                 .map(|d| {
                     d.result
                         .as_ref()
-                        .map(|r| idem_core::row::headers_json(&r.headers))
+                        .map(|r| idem_store_kit::row::headers_json(&r.headers))
                 })
                 .collect();
             // The dispute tier keeps audit fields only: the lease owner goes too.

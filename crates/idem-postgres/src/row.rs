@@ -1,17 +1,17 @@
 //! Decoding rows into [`Record`]s. A row that does not decode is reported as a backend
 //! error, never skipped: a corrupt record must not look like an absent one.
 
-use idem_core::row::{fingerprint, owner, principal, state, stored_result, RecordRow};
 use idem_core::{
     ClaimToken, IdempotencyKey, Record, RecordState, StoreError, StoredResult, TenantId,
 };
+use idem_store_kit::row::{fingerprint, owner, principal, state, stored_result, RecordRow};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use crate::error::map_err;
 
 fn corrupt(what: &str, detail: impl std::fmt::Display) -> StoreError {
-    idem_core::row::corrupt(what, detail)
+    idem_store_kit::row::corrupt(what, detail)
 }
 
 fn get<'r, T>(row: &'r PgRow, col: &str) -> Result<T, StoreError>
@@ -21,7 +21,7 @@ where
     row.try_get(col).map_err(|e| map_err("decode", e))
 }
 
-/// Reads a record's columns (by name); `idem_core::row` validates them.
+/// Reads a record's columns (by name); `idem_store_kit::row` validates them.
 pub(crate) fn record(row: &PgRow) -> Result<Record, StoreError> {
     record_row(row)?.decode()
 }

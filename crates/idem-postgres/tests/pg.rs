@@ -286,9 +286,10 @@ async fn read_committed_pitfall_is_rerun() {
     let Some(h) = harness().await else { return };
     for fast_path in [false, true] {
         let store = Arc::new(
-            h.store_with(PgOptions {
-                fresh_fast_path: fast_path,
-                ..h.options()
+            h.store_with({
+                let mut o = h.options();
+                o.fresh_fast_path = fast_path;
+                o
             })
             .await,
         );
@@ -429,10 +430,11 @@ fn one_execution(arrivals: &[Arrival]) -> Vec<u8> {
 async fn single_statement_64_way_race() {
     let Some(h) = harness().await else { return };
     let store = Arc::new(
-        h.store_with(PgOptions {
-            fresh_fast_path: false,
-            max_connections: 20,
-            ..h.options()
+        h.store_with({
+            let mut o = h.options();
+            o.fresh_fast_path = false;
+            o.max_connections = 20;
+            o
         })
         .await,
     );
@@ -470,10 +472,11 @@ async fn single_statement_64_way_race() {
 async fn terminated_sessions_during_race() {
     let Some(h) = harness().await else { return };
     let store = Arc::new(
-        h.store_with(PgOptions {
-            max_connections: 16,
-            acquire_timeout: Duration::from_secs(15),
-            ..h.options()
+        h.store_with({
+            let mut o = h.options();
+            o.max_connections = 16;
+            o.acquire_timeout = Duration::from_secs(15);
+            o
         })
         .await,
     );
@@ -631,13 +634,11 @@ async fn takeover_keeps_the_previous_result_as_evidence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unreachable_or_closed_is_unavailable() {
     // Nothing listens on port 1: connection refused.
-    let err = PgStore::connect(
-        "postgres://postgres@127.0.0.1:1/test",
-        PgOptions {
-            acquire_timeout: Duration::from_secs(2),
-            ..PgOptions::default()
-        },
-    )
+    let err = PgStore::connect("postgres://postgres@127.0.0.1:1/test", {
+        let mut o = PgOptions::default();
+        o.acquire_timeout = Duration::from_secs(2);
+        o
+    })
     .await
     .unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
@@ -659,10 +660,11 @@ async fn unreachable_or_closed_is_unavailable() {
 async fn a_wait_behind_a_held_row_lock_is_bounded_when_asked() {
     let Some(h) = harness().await else { return };
     let store = h
-        .store_with(PgOptions {
-            lock_timeout: Some(Duration::from_millis(300)),
-            idle_in_transaction_timeout: Some(Duration::from_secs(20)),
-            ..h.options()
+        .store_with({
+            let mut o = h.options();
+            o.lock_timeout = Some(Duration::from_millis(300));
+            o.idle_in_transaction_timeout = Some(Duration::from_secs(20));
+            o
         })
         .await;
     let shown: (String, String) = sqlx::query_as(
@@ -746,9 +748,10 @@ async fn from_pool_uses_qualified_names() {
         Claim::Replay(_)
     ));
     // A bad schema name is refused before any SQL is built from it.
-    let bad = PgOptions {
-        schema: Some("x\"; DROP TABLE y; --".into()),
-        ..h.options()
+    let bad = {
+        let mut o = h.options();
+        o.schema = Some("x\"; DROP TABLE y; --".into());
+        o
     };
     let err = PgStore::from_pool(store.pool().clone(), bad).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
@@ -842,9 +845,10 @@ async fn kill_store_sessions(h: &PgHarness) {
 async fn idle_connections_killed_by_the_server_are_replaced() {
     let Some(h) = harness().await else { return };
     let store = Arc::new(
-        h.store_with(PgOptions {
-            max_connections: 4,
-            ..h.options()
+        h.store_with({
+            let mut o = h.options();
+            o.max_connections = 4;
+            o
         })
         .await,
     );

@@ -19,10 +19,11 @@ fn with_params(url: &str, params: &str) -> String {
 }
 
 fn options() -> PgOptions {
-    PgOptions {
-        max_connections: 1,
-        acquire_timeout: Duration::from_secs(5),
-        ..PgOptions::default()
+    {
+        let mut o = PgOptions::default();
+        o.max_connections = 1;
+        o.acquire_timeout = Duration::from_secs(5);
+        o
     }
 }
 

@@ -154,8 +154,9 @@ use async_trait::async_trait;
 use idem_core::store::{check_lease, verdict, Verdict};
 use idem_core::{
     Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
-    OwnerId, RecentKeys, Record, RecordState, Scope, StoreError, StoreLimits,
+    OwnerId, Record, RecordState, Scope, StoreError, StoreLimits,
 };
+use idem_store_kit::RecentKeys;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 mod conn;
@@ -215,6 +216,7 @@ const ABANDON_LUA: &str = include_str!("lua/abandon.lua");
 
 /// How to open a [`RedisStore`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RedisOptions {
     /// Prepended to every key (`<prefix>:r:{…}`); must not contain `{` or `}`.
     pub prefix: String,
@@ -230,7 +232,7 @@ pub struct RedisOptions {
     /// `CLIENT SETNAME` of this store's connection; `None` picks `idem-<uuid>`.
     /// Letters, digits and `-_.:` only (Redis forbids spaces in client names).
     pub client_name: Option<String>,
-    /// Scopes remembered as holding a record (`idem_core::recent`): a claim on one of
+    /// Scopes remembered as holding a record (`idem_store_kit::recent`): a claim on one of
     /// them first tries a plain `GET` and answers a replay or a mismatch of a finished
     /// record from it. 0 turns the shortcut off.
     pub recent_capacity: usize,
@@ -250,7 +252,7 @@ impl Default for RedisOptions {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             client_name: None,
             ca_file: None,
-            recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
+            recent_capacity: idem_store_kit::recent::DEFAULT_RECENT_CAPACITY,
         }
     }
 }

@@ -203,9 +203,10 @@ async fn time_comes_from_redis() {
 /// Misconfiguration and unreachable servers give typed errors, quickly.
 #[tokio::test]
 async fn connect_errors_are_typed() {
-    let opts = || RedisOptions {
-        connect_timeout: Duration::from_secs(2),
-        ..RedisOptions::default()
+    let opts = || {
+        let mut o = RedisOptions::default();
+        o.connect_timeout = Duration::from_secs(2);
+        o
     };
     // Port 1 on loopback: nothing listens there.
     let started = std::time::Instant::now();
@@ -518,15 +519,13 @@ async fn server_restart_is_unavailable_then_forgets() {
         }
     };
     server.wait_ready().await;
-    let store = RedisStore::connect(
-        &server.url(),
-        RedisOptions {
-            prefix: "restart".into(),
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(1),
-            ..RedisOptions::default()
-        },
-    )
+    let store = RedisStore::connect(&server.url(), {
+        let mut o = RedisOptions::default();
+        o.prefix = "restart".into();
+        o.connect_timeout = Duration::from_secs(1);
+        o.response_timeout = Duration::from_secs(1);
+        o
+    })
     .await
     .unwrap();
     let t = fresh_tenant();

@@ -53,12 +53,13 @@ fn start() -> Option<TlsRedis> {
 }
 
 fn options(ca: Option<std::path::PathBuf>) -> RedisOptions {
-    RedisOptions {
-        prefix: format!("idem-tls-{}", uuid::Uuid::now_v7().simple()),
-        connect_timeout: Duration::from_secs(3),
-        response_timeout: Duration::from_secs(3),
-        ca_file: ca,
-        ..RedisOptions::default()
+    {
+        let mut o = RedisOptions::default();
+        o.prefix = format!("idem-tls-{}", uuid::Uuid::now_v7().simple());
+        o.connect_timeout = Duration::from_secs(3);
+        o.response_timeout = Duration::from_secs(3);
+        o.ca_file = ca;
+        o
     }
 }
 

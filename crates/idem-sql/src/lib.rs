@@ -8,6 +8,8 @@
 //!   the store plays — records ([`IdempotencyStore`]), leases ([`LeaseStore`]),
 //!   retention ([`RetentionStore`], SQL stores only) and the archive ([`ArchiveLookup`],
 //!   SQL stores only) — as trait objects.
+//! - The arrival timeline ([`ArrivalLog`], [`arrivals`]): what the layer decided for each
+//!   request of a key, recorded off the request path into the SQL store's own tables.
 //! - [`SqlStore`], SQLite or PostgreSQL: a [`Transaction`] over either backend's own,
 //!   claiming and finishing inside it, the fenced write, and statements written once in
 //!   the dialect both accept (`$n` parameters, [`sql`]) run through [`Conn`] and read
@@ -24,6 +26,7 @@
 //! [`idem_core::LeaseError`]); statements answer `sqlx::Error`, which callers classify as
 //! they would with sqlx itself.
 
+pub mod arrivals;
 mod sql;
 
 use std::fmt;
@@ -34,6 +37,7 @@ use idem_core::{
 };
 use idem_redis::{RedisOptions, RedisStore};
 
+pub use arrivals::{ArrivalLog, ArrivalOptions, KeyArrivals};
 pub use sql::{sql, Arg, Conn, IntoArg, PoolConn, Row, Sql, SqlStore, Transaction};
 
 /// The default store: the embedded file, relative to the working directory.
@@ -101,6 +105,7 @@ pub fn redact(url: &str) -> String {
 
 /// How to open a store; what does not apply to the URL's backend is ignored.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct OpenOptions {
     /// PostgreSQL: the schema holding every table (created if missing). `None`: the
     /// connection's `search_path` decides.
@@ -145,10 +150,8 @@ impl Store {
         if Backend::of_url(url)? != Backend::Redis {
             return Ok(SqlStore::open(url, options).await?.into());
         }
-        let mut redis = RedisOptions {
-            clock: options.clock.clone(),
-            ..RedisOptions::default()
-        };
+        let mut redis = RedisOptions::default();
+        redis.clock = options.clock.clone();
         if let Some(prefix) = &options.redis_prefix {
             redis.prefix = prefix.clone();
         }

@@ -57,12 +57,13 @@ impl SqlStore {
                 Self::open_sqlite(sqlite).await
             }
             Backend::Postgres => {
-                let mut pg = PgOptions {
-                    schema: options.pg_schema.clone(),
-                    clock: options.clock.clone(),
-                    lock_timeout: options.pg_lock_timeout,
-                    idle_in_transaction_timeout: options.pg_idle_in_transaction_timeout,
-                    ..PgOptions::default()
+                let mut pg = {
+                    let mut o = PgOptions::default();
+                    o.schema = options.pg_schema.clone();
+                    o.clock = options.clock.clone();
+                    o.lock_timeout = options.pg_lock_timeout;
+                    o.idle_in_transaction_timeout = options.pg_idle_in_transaction_timeout;
+                    o
                 };
                 if let Some(n) = options.pg_max_connections {
                     pg.max_connections = n;

@@ -31,10 +31,11 @@ struct PgSchema {
 impl PgSchema {
     async fn open() -> Option<Self> {
         let schema = format!("idem_sql_t_{}", run_id());
-        let options = OpenOptions {
-            pg_schema: Some(schema.clone()),
-            pg_max_connections: Some(4),
-            ..OpenOptions::default()
+        let options = {
+            let mut o = OpenOptions::default();
+            o.pg_schema = Some(schema.clone());
+            o.pg_max_connections = Some(4);
+            o
         };
         match SqlStore::open(&pg_url(), &options).await {
             Ok(store) => Some(Self { store, schema }),
@@ -268,9 +269,10 @@ async fn a_transaction_of_another_database_is_refused() {
 #[tokio::test]
 async fn redis_has_records_and_leases_only() {
     let prefix = format!("idem-sql-t-{}", run_id());
-    let options = OpenOptions {
-        redis_prefix: Some(prefix.clone()),
-        ..OpenOptions::default()
+    let options = {
+        let mut o = OpenOptions::default();
+        o.redis_prefix = Some(prefix.clone());
+        o
     };
     let store = match Store::open(&redis_url(), &options).await {
         Ok(s) => s,

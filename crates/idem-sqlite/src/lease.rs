@@ -30,19 +30,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::lease::{check_ttl, fence_accepts};
-use idem_core::row::{
-    FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot, LeaseSteps,
-};
 use idem_core::{
     Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEvent, LeaseName, LeaseStatus,
     LeaseStore, Millis, OwnerId, Release, Renew,
+};
+use idem_store_kit::row::{
+    FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot, LeaseSteps,
 };
 use sqlx::sqlite::{SqliteConnection, SqliteRow};
 use sqlx::Row;
 
 use crate::{map_err, now_on, now_sql, SqliteStore, SqliteTx, NOW};
 
-pub use idem_core::row::FencedWriteFuture;
+pub use idem_store_kit::row::FencedWriteFuture;
 
 /// The id of a new event of the name bound at `$name`: one above the name's highest
 /// (the log is keyed by (name, id); the migration-4 triggers spell the same rule).
@@ -277,7 +277,7 @@ impl SqliteStore {
         E: From<LeaseError>,
         F: for<'c> FnOnce(&'c mut SqliteConnection) -> FencedWriteFuture<'c, T, E>,
     {
-        idem_core::row::fenced_write(&Fence(self), resource, lease, write).await
+        idem_store_kit::row::fenced_write(&Fence(self), resource, lease, write).await
     }
 }
 
@@ -350,7 +350,7 @@ impl LeaseSteps for Change<'_> {
     }
 }
 
-/// This store's steps of [`idem_core::row::fenced_write`].
+/// This store's steps of [`idem_store_kit::row::fenced_write`].
 struct Fence<'s>(&'s SqliteStore);
 
 impl FenceSteps for Fence<'_> {
@@ -553,7 +553,7 @@ impl LeaseStore for SqliteStore {
         .fetch_all(&self.pool)
         .await
         .map_err(lerr)?;
-        idem_core::row::lease_names(names)
+        idem_store_kit::row::lease_names(names)
     }
 
     /// One batch, found by a plain read that scans the log (keyed by name, not time; an

@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::row::{headers_json, RecordRow};
 use idem_core::store::{verdict, Verdict};
 use idem_core::{
     Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
     Record, Scope, StoreError, StoreLimits,
 };
+use idem_store_kit::row::{headers_json, RecordRow};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
@@ -61,6 +61,7 @@ const NOW: &str = now_sql!("?");
 
 /// How to open the embedded store.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SqliteOptions {
     pub path: PathBuf,
     pub limits: StoreLimits,
@@ -289,7 +290,7 @@ const RECORD_COLUMNS: &str = "tenant_id, key, principal, fingerprint, state, ver
      lease_expires_at, result_status, result_headers, result_body, result_ref, attempts, \
      created_at, updated_at, completed_at";
 
-/// Reads a record's columns; `idem_core::row` validates them.
+/// Reads a record's columns; `idem_store_kit::row` validates them.
 fn record_from_row(row: &SqliteRow) -> Result<Record, StoreError> {
     record_row(row)?.decode()
 }

@@ -13,6 +13,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../migrations/0002_leases.sql")),
     (3, include_str!("../migrations/0003_retention.sql")),
     (4, include_str!("../migrations/0004_lease_triggers.sql")),
+    (5, include_str!("../migrations/0005_arrivals.sql")),
 ];
 
 pub(crate) async fn apply(pool: &SqlitePool) -> Result<(), StoreError> {

@@ -14,8 +14,8 @@ use idem_core::retention::{
     ArchiveExpiry, ArchiveLookup, ArchivedRecord, Demotion, DueRecord, RetentionStore, ScanCursor,
     StaleColumns, StaleRecord, Tier, TierUsage,
 };
-use idem_core::row::{headers_json, ArchiveRow, DueRow};
 use idem_core::{IdempotencyKey, Millis, RecordState, Scope, StoreError, TenantId};
+use idem_store_kit::row::{headers_json, ArchiveRow, DueRow};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
@@ -26,7 +26,7 @@ const TERMINAL: &str = "state IN ('SUCCEEDED', 'FAILED_TERMINAL')";
 const ARCHIVE_COLUMNS: &str = "tenant_id, key_digest, fingerprint, result_digest, result_ref, \
      state, status, first_processed_at, completed_at, archived_at";
 
-/// Reads an archive row's columns; `idem_core::row` validates them.
+/// Reads an archive row's columns; `idem_store_kit::row` validates them.
 fn archived_from_row(row: &SqliteRow) -> Result<ArchivedRecord, StoreError> {
     ArchiveRow {
         tenant_id: row.try_get("tenant_id").map_err(map_err)?,
@@ -44,7 +44,7 @@ fn archived_from_row(row: &SqliteRow) -> Result<ArchivedRecord, StoreError> {
 }
 
 fn tier_of_row(row: &SqliteRow) -> Result<Tier, StoreError> {
-    idem_core::row::tier(row.try_get("tier").map_err(map_err)?)
+    idem_store_kit::row::tier(row.try_get("tier").map_err(map_err)?)
 }
 
 #[async_trait]

@@ -19,9 +19,7 @@ impl Harness for SqliteHarness {
     async fn open(&self) -> Arc<dyn IdempotencyStore> {
         let mut opts = SqliteOptions::new(self.dir.path().join("idem.db"));
         opts.clock = self.clock.clone();
-        opts.limits = StoreLimits {
-            max_result_bytes: LIMIT,
-        };
+        opts.limits = StoreLimits::with_max_result_bytes(LIMIT);
         Arc::new(SqliteStore::open(opts).await.expect("open sqlite"))
     }
 

@@ -4,7 +4,10 @@
 //! required). The handler takes the [`TransactionalClaim`] from the request extensions and
 //! finishes the idempotency record in the same PostgreSQL transaction as its order row, so
 //! the order and the stored answer commit together or not at all. `GET /orders/{id}` reads
-//! an order of the caller's tenant.
+//! an order of the caller's tenant. Every keyed arrival goes to the arrival timeline in the
+//! store's own tables (`idem_sql::ArrivalLog`), which `idem console --database-url` shows;
+//! a duplicate that arrives while the first is executing waits for its answer (up to 5 s)
+//! instead of getting 409.
 //!
 //! `serve --listen ADDR` runs it. `self-check` runs it on a loopback port in-process, sends
 //! one create 8 times at once plus a retry, the same key with another body (422) and a new
@@ -16,6 +19,8 @@
 use std::collections::HashSet;
 use std::error::Error;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
@@ -26,8 +31,11 @@ use axum::{Extension, Json, Router};
 use clap::{Parser, Subcommand};
 use idem_client::{IdempotentClient, IdempotentResponse};
 use idem_core::{Principal, TenantId};
+use idem_http::config::{IdempotencyConfig, InProgressMode};
 use idem_http::{Authenticate, BearerTokens, IdempotencyLayer, Identity, TransactionalClaim};
 use idem_postgres::{PgOptions, PgStore};
+use idem_sql::arrivals::key_arrivals;
+use idem_sql::{ArrivalLog, ArrivalOptions, SqlStore};
 use serde_json::{json, Value};
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -63,6 +71,7 @@ enum Mode {
 struct App {
     store: PgStore,
     auth: BearerTokens,
+    timeline: ArrivalLog,
 }
 
 #[derive(serde::Deserialize)]
@@ -150,7 +159,13 @@ async fn get_order(
 }
 
 fn router(app: App) -> Router {
-    let layer = IdempotencyLayer::new(app.store.clone(), app.auth.clone());
+    let mut config = IdempotencyConfig::default();
+    config.in_progress = InProgressMode::Wait {
+        max_wait: Duration::from_secs(5),
+    };
+    let layer = IdempotencyLayer::new(app.store.clone(), app.auth.clone())
+        .with_config(config)
+        .with_arrivals(Arc::new(app.timeline.clone()));
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{id}", get(get_order))
@@ -162,10 +177,8 @@ fn router(app: App) -> Router {
 /// `fresh`: the schema must not exist yet (the self-check drops it at the end, so it must
 /// never take over a schema someone else uses).
 async fn open(cli: &Cli, schema: &str, fresh: bool) -> Result<App, BoxError> {
-    let options = PgOptions {
-        schema: Some(schema.to_owned()),
-        ..Default::default()
-    };
+    let mut options = PgOptions::default();
+    options.schema = Some(schema.to_owned());
     let store = PgStore::connect(&cli.database_url, options).await?;
     // The schema name was validated by `connect`; the pool's search_path is the schema.
     if fresh {
@@ -183,9 +196,11 @@ async fn open(cli: &Cli, schema: &str, fresh: bool) -> Result<App, BoxError> {
     .execute(store.pool())
     .await?;
     let identity = Identity::new(TenantId::new("demo")?, Principal::new("demo")?);
+    let timeline = ArrivalLog::start(SqlStore::from(store.clone()), ArrivalOptions::default());
     Ok(App {
         store,
         auth: BearerTokens::new().with(cli.token.clone(), identity),
+        timeline,
     })
 }
 
@@ -200,9 +215,11 @@ async fn main() -> Result<(), BoxError> {
             let app = open(&cli, cli.schema.as_deref().unwrap_or("orders_lite"), false).await?;
             let listener = tokio::net::TcpListener::bind(listen).await?;
             eprintln!("orders-lite listening on http://{}", listener.local_addr()?);
-            axum::serve(listener, router(app))
+            axum::serve(listener, router(app.clone()))
                 .with_graceful_shutdown(async { tokio::signal::ctrl_c().await.unwrap_or(()) })
                 .await?;
+            // What the timeline still buffers is written before the process ends.
+            app.timeline.close().await;
             Ok(())
         }
         Mode::SelfCheck => {
@@ -243,6 +260,7 @@ fn order_id(response: &IdempotentResponse) -> Result<String, BoxError> {
 /// Drives the app over real HTTP and checks the database; returns a short summary.
 async fn self_check(app: App, token: &str) -> Result<String, BoxError> {
     let store = app.store.clone();
+    let timeline = app.timeline.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
@@ -308,11 +326,26 @@ async fn self_check(app: App, token: &str) -> Result<String, BoxError> {
         format!("expected one order row per key, found {rows:?}"),
     )?;
     server.abort();
-    let (k1, k2) = (intent.key().as_str(), fresh.key().as_str());
+    // The timeline, written off the request path: flushed, then read as the console does.
+    timeline.close().await;
+    let k1 = intent.key().as_str();
+    let story = key_arrivals(&SqlStore::from(store), "demo", k1)
+        .await?
+        .ok_or("the first key has no arrival timeline")?;
+    let (executed, replayed) = (
+        story.count(idem_core::ArrivalDecision::Executed),
+        story.count(idem_core::ArrivalDecision::Replayed),
+    );
+    ensure(
+        executed == 1 && replayed == 8,
+        format!("timeline of {k1}: {}", story.summary()),
+    )?;
+    let k2 = fresh.key().as_str();
     Ok(format!(
         "  key {k1}: 8 concurrent sends ({retries} retries after 409) + 1 retry -> order {first}, \
-         {replays}+1 replays\n  same key, other body -> 422\n  key {k2} -> order {second}\n  \
-         SQL: exactly one order row for each of the {} keys",
+         {replays}+1 replays\n  timeline: {}\n  same key, other body -> 422\n  \
+         key {k2} -> order {second}\n  SQL: exactly one order row for each of the {} keys",
+        story.summary(),
         rows.len()
     ))
 }

@@ -39,11 +39,11 @@ use idem_http::IdempotencyMetrics;
 use sha2::{Digest, Sha256};
 
 use crate::api::AppState;
-use crate::arrivals::ArrivalLog;
 use crate::db::sql;
 use crate::error::Error;
 use crate::forwarded::TrustedProxies;
 use crate::ledgers::{new_id, now_ms};
+use idem_sql::ArrivalLog;
 
 pub(crate) use html::Viewer;
 

@@ -21,11 +21,11 @@ use serde::Deserialize;
 use super::html::{self, key_href, page, q, row, seg, t, table, time, Bar, Series};
 use super::{audit, bad_request, failed, html_response, reason, redirect, Form, Operator, Params};
 use crate::api::AppState;
-use crate::arrivals::{key_arrivals, KeyArrivals};
 use crate::db::sql;
 use crate::error::Error;
 use crate::freeze::{self, Freeze, FreezeRequest, FreezeScope, FreezeWhat};
 use crate::reconcile::{self, ReconcileOptions, ReconcileReport};
+use idem_sql::arrivals::{key_arrivals, KeyArrivals};
 
 /// Stored bodies shown up to this many bytes.
 const BODY_SHOWN: usize = 64 * 1024;
@@ -312,7 +312,7 @@ async fn key_body(
     let db = state.orders.database();
     let scope = Scope::new(tenant.clone(), key.clone());
     let record = state.store.get(&scope).await?;
-    let arrivals = key_arrivals(db, tenant.as_str(), key.as_str()).await?;
+    let arrivals = key_arrivals(db.store(), tenant.as_str(), key.as_str()).await?;
     let order = {
         let mut conn = db.acquire().await?;
         conn.conn()
@@ -646,8 +646,10 @@ async fn search_body(state: &AppState, query: &SearchQuery) -> Result<String, Er
                 // Keys that only arrived (refused before a record) or whose record is gone.
                 let rows = c
                     .all(
-                        sql("SELECT tenant_id, idem_key, last_at FROM arrival_keys \
-                             WHERE idem_key = $1 AND ($2 IS NULL OR tenant_id = $2) LIMIT 100")
+                        sql(
+                            "SELECT tenant_id, idem_key, last_at FROM idem_arrival_keys \
+                             WHERE idem_key = $1 AND ($2 IS NULL OR tenant_id = $2) LIMIT 100",
+                        )
                         .bind(needle)
                         .bind(tenant_arg),
                     )

@@ -9,8 +9,9 @@
 //! at once apply each version once.
 //!
 //! Every ledger is append-or-update: rows are never deleted, and nothing in this schema
-//! cascades a delete. The console's tables (migration 2) are not ledgers: the arrival
-//! timeline follows its keys' retention and expired sessions are dropped.
+//! cascades a delete. The console's tables (migration 2) are not ledgers: expired
+//! sessions are dropped, and the arrival timeline, first kept here, now lives in the
+//! store's own tables (migration 4 carries it over).
 
 use super::{sql, Conn};
 use crate::error::Error;
@@ -286,6 +287,24 @@ UPDATE inventory SET available = 0;
 ALTER TABLE message_deliveries ADD COLUMN claim TEXT;
 "#;
 
+/// The arrival timeline moved to the store's own tables (`idem_arrival_keys`,
+/// `idem_arrivals`, created by the store's migrations, which run first): what the old
+/// tables held is carried over, then they go. (`WHERE true`: without it SQLite reads the
+/// `ON` of `ON CONFLICT` as a join's.)
+const ARRIVALS_TO_STORE: &str = r#"
+INSERT INTO idem_arrival_keys (tenant_id, idem_key, first_at, last_at, executed, replayed,
+    in_progress, mismatch, refused, total)
+  SELECT tenant_id, idem_key, first_at, last_at, executed, replayed, in_progress, mismatch,
+    refused, total FROM arrival_keys WHERE true
+  ON CONFLICT DO NOTHING;
+INSERT INTO idem_arrivals (tenant_id, idem_key, seq, at, decision, status, elapsed_ms,
+    principal)
+  SELECT tenant_id, idem_key, seq, at, decision, status, elapsed_ms, principal FROM arrivals
+  WHERE true ON CONFLICT DO NOTHING;
+DROP TABLE arrivals;
+DROP TABLE arrival_keys;
+"#;
+
 const COMMON: &[Migration] = &[
     Migration {
         version: 1,
@@ -302,6 +321,11 @@ const COMMON: &[Migration] = &[
         name: "stock buckets, delivery claims",
         sql: STOCK_BUCKETS,
     },
+    Migration {
+        version: 4,
+        name: "arrival timeline to the store",
+        sql: ARRIVALS_TO_STORE,
+    },
 ];
 
 const VERSIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS orders_schema_migrations (\
@@ -317,6 +341,10 @@ fn now_ms() -> i64 {
 }
 
 pub(super) async fn apply(c: &mut Conn<'_>) -> Result<(), Error> {
+    apply_up_to(c, i64::MAX).await
+}
+
+async fn apply_up_to(c: &mut Conn<'_>, last: i64) -> Result<(), Error> {
     c.execute_script(VERSIONS_TABLE).await?;
     let applied = c
         .all(sql("SELECT version FROM orders_schema_migrations"))
@@ -324,7 +352,10 @@ pub(super) async fn apply(c: &mut Conn<'_>) -> Result<(), Error> {
         .iter()
         .map(|row| row.int("version"))
         .collect::<Result<Vec<i64>, _>>()?;
-    for m in COMMON.iter().filter(|m| !applied.contains(&m.version)) {
+    for m in COMMON
+        .iter()
+        .filter(|m| m.version <= last && !applied.contains(&m.version))
+    {
         c.execute_script(m.sql).await?;
         c.execute(
             sql(
@@ -338,4 +369,37 @@ pub(super) async fn apply(c: &mut Conn<'_>) -> Result<(), Error> {
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_sql::arrivals::key_arrivals;
+    use idem_sql::SqlStore;
+
+    /// A service that kept the timeline in its own tables upgrades without losing it.
+    #[tokio::test]
+    async fn the_old_timeline_is_carried_to_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlStore::open_sqlite_path(dir.path().join("o.db"))
+            .await
+            .unwrap();
+        let mut tx = store.begin().await.unwrap();
+        apply_up_to(&mut Conn(tx.conn()), 3).await.unwrap();
+        Conn(tx.conn())
+            .execute_script(
+                "INSERT INTO arrival_keys VALUES ('t1', 'k1', 10, 20, 1, 7, 0, 0, 0, 8); \
+                 INSERT INTO arrivals VALUES ('t1', 'k1', 1, 10, 'executed', 201, 5, 'p'); \
+                 INSERT INTO arrivals VALUES ('t1', 'k1', 2, 20, 'replayed', 201, 1, 'p');",
+            )
+            .await
+            .unwrap();
+        apply(&mut Conn(tx.conn())).await.unwrap();
+        tx.commit().await.unwrap();
+        let moved = key_arrivals(&store, "t1", "k1").await.unwrap().unwrap();
+        assert_eq!(moved.summary(), "8 arrivals: 1 executed, 7 replayed");
+        assert_eq!(moved.arrivals.len(), 2);
+        assert!(!store.has_table("arrival_keys").await.unwrap());
+        assert!(!store.has_table("arrivals").await.unwrap());
+    }
 }

@@ -85,19 +85,18 @@ impl Database {
     /// Opens `sqlite://PATH` or `postgres://…` and applies every pending migration (the
     /// idempotency store's first, then the ledgers').
     pub async fn open(url: &str, options: DatabaseOptions) -> Result<Self, Error> {
-        let options = OpenOptions {
-            pg_schema: options.pg_schema,
-            pg_max_connections: Some(options.pg_max_connections.unwrap_or(16)),
-            pg_application_name: Some("idem-orders".into()),
-            // Found by `idem chaos`: after a pause, transactions queued behind the paused
-            // process's row locks held the whole pool, and the service stayed wedged.
-            // Bounded lock waits fail (and the request is retried) instead; a session
-            // left idle in a transaction is ended by the server.
-            pg_lock_timeout: Some(PG_LOCK_TIMEOUT),
-            pg_idle_in_transaction_timeout: Some(PG_IDLE_IN_TRANSACTION_TIMEOUT),
-            clock: options.clock,
-            ..OpenOptions::default()
-        };
+        let mut open = OpenOptions::default();
+        open.pg_schema = options.pg_schema;
+        open.pg_max_connections = Some(options.pg_max_connections.unwrap_or(16));
+        open.pg_application_name = Some("idem-orders".into());
+        // Found by `idem chaos`: after a pause, transactions queued behind the paused
+        // process's row locks held the whole pool, and the service stayed wedged.
+        // Bounded lock waits fail (and the request is retried) instead; a session
+        // left idle in a transaction is ended by the server.
+        open.pg_lock_timeout = Some(PG_LOCK_TIMEOUT);
+        open.pg_idle_in_transaction_timeout = Some(PG_IDLE_IN_TRANSACTION_TIMEOUT);
+        open.clock = options.clock;
+        let options = open;
         Self::with_ledgers(SqlStore::open(url, &options).await?).await
     }
 

@@ -29,20 +29,17 @@ pub struct PgHarness {
 
 impl PgHarness {
     pub fn options(&self) -> PgOptions {
-        PgOptions {
-            schema: Some(self.schema.clone()),
-            limits: StoreLimits {
-                max_result_bytes: MAX_RESULT_BYTES,
-            },
-            clock: self.clock.clone(),
-            max_connections: 10,
-            acquire_timeout: Duration::from_secs(10),
-            application_name: self.application_name.clone(),
-            fresh_fast_path: false,
-            recent_capacity: idem_core::recent::DEFAULT_RECENT_CAPACITY,
-            lock_timeout: None,
-            idle_in_transaction_timeout: None,
-        }
+        let mut o = PgOptions::default();
+        o.schema = Some(self.schema.clone());
+        o.limits = StoreLimits::with_max_result_bytes(MAX_RESULT_BYTES);
+        o.clock = self.clock.clone();
+        o.max_connections = 10;
+        o.acquire_timeout = Duration::from_secs(10);
+        o.application_name = self.application_name.clone();
+        o.fresh_fast_path = false;
+        o.lock_timeout = None;
+        o.idle_in_transaction_timeout = None;
+        o
     }
 
     pub async fn store(&self) -> PgStore {

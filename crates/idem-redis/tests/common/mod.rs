@@ -148,15 +148,14 @@ impl RedisHarness {
     }
 
     pub fn options(&self) -> RedisOptions {
-        RedisOptions {
-            prefix: self.prefix.clone(),
-            retention: self.retention,
-            limits: StoreLimits {
-                max_result_bytes: MAX_RESULT_BYTES,
-            },
-            clock: self.clock.clone(),
-            connect_timeout: Duration::from_secs(3),
-            ..RedisOptions::default()
+        {
+            let mut o = RedisOptions::default();
+            o.prefix = self.prefix.clone();
+            o.retention = self.retention;
+            o.limits = StoreLimits::with_max_result_bytes(MAX_RESULT_BYTES);
+            o.clock = self.clock.clone();
+            o.connect_timeout = Duration::from_secs(3);
+            o
         }
     }
 

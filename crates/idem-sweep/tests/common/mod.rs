@@ -111,11 +111,12 @@ pub async fn postgres() -> Option<Env> {
     }
     let schema = format!("idem_sweep_t_{}", uuid_like());
     let clock = ClockShift::new();
-    let opts = idem_postgres::PgOptions {
-        schema: Some(schema.clone()),
-        clock: clock.clone(),
-        max_connections: 8,
-        ..idem_postgres::PgOptions::default()
+    let opts = {
+        let mut o = idem_postgres::PgOptions::default();
+        o.schema = Some(schema.clone());
+        o.clock = clock.clone();
+        o.max_connections = 8;
+        o
     };
     let store = Arc::new(idem_postgres::PgStore::connect(&url, opts).await.unwrap());
     store.migrate().await.unwrap();

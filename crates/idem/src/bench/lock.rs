@@ -180,15 +180,13 @@ async fn targets(
     let schema = format!("idem_bench_lock_{run}");
     let prefix = format!("idem-bench-lock-{run}");
     let (url, tmp) = bench_url(url, "bench.db")?;
-    let store = Store::open(
-        &url,
-        &OpenOptions {
-            pg_schema: Some(schema.clone()),
-            pg_max_connections: Some(32),
-            redis_prefix: Some(prefix.clone()),
-            ..OpenOptions::default()
-        },
-    )
+    let store = Store::open(&url, &{
+        let mut o = OpenOptions::default();
+        o.pg_schema = Some(schema.clone());
+        o.pg_max_connections = Some(32);
+        o.redis_prefix = Some(prefix.clone());
+        o
+    })
     .await?;
     // The baseline is each backend's own driver doing the classic lock: one per backend.
     let raw_lock: Arc<dyn RawLock> = match store.backend() {

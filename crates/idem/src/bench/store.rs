@@ -79,11 +79,12 @@ pub async fn open_bench(url: &str) -> Result<BenchTargets, StoreError> {
     let schema = format!("idem_bench_{run}");
     let prefix = format!("idem-bench-{run}");
     // Both sides get a pool of 32 with the same settings (see `PgBaseline::new`).
-    let options = OpenOptions {
-        pg_schema: Some(schema.clone()),
-        pg_max_connections: Some(32),
-        redis_prefix: Some(prefix.clone()),
-        ..OpenOptions::default()
+    let options = {
+        let mut o = OpenOptions::default();
+        o.pg_schema = Some(schema.clone());
+        o.pg_max_connections = Some(32);
+        o.redis_prefix = Some(prefix.clone());
+        o
     };
     let (url, tmp) = bench_url(url, "bench.db")?;
     let store = Store::open(&url, &options).await?;

@@ -23,13 +23,14 @@ pub async fn run(
     }
     let (url, _tmp) = bench_url(url, "sweep.db")?;
     // PostgreSQL: a schema of its own, dropped when the bench ends.
-    let options = OpenOptions {
-        pg_schema: Some(format!(
+    let options = {
+        let mut o = OpenOptions::default();
+        o.pg_schema = Some(format!(
             "idem_bench_sweep_{}",
             uuid::Uuid::now_v7().simple()
-        )),
-        pg_max_connections: Some((concurrency + 4) as u32),
-        ..OpenOptions::default()
+        ));
+        o.pg_max_connections = Some((concurrency + 4) as u32);
+        o
     };
     let opened = Store::open(&url, &options).await?;
     let sql = opened.sql().ok_or_else(redis_has_nothing_to_sweep)?.clone();

@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-use crate::key::Scope;
+use idem_core::Scope;
 
 /// Default digests per generation (two generations: ~2 × 16 k × 8 bytes plus set overhead).
 pub const DEFAULT_RECENT_CAPACITY: usize = 16_384;
@@ -103,7 +103,7 @@ impl RecentKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::{IdempotencyKey, TenantId};
+    use idem_core::{IdempotencyKey, TenantId};
 
     fn scope(t: &str, k: &str) -> Scope {
         Scope::new(TenantId::new(t).unwrap(), IdempotencyKey::new(k).unwrap())

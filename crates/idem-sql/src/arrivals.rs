@@ -1,12 +1,13 @@
 //! The arrival timeline: every request that reached a key, with the layer's decision,
-//! for the operator console's key inspector.
+//! for the operator console's key inspector — in the store's own database, its tables
+//! (`idem_arrival_keys`, `idem_arrivals`) in the store's own migrations.
 //!
 //! Recording is off the request path: [`ArrivalLog`] is the layer's
-//! [`ArrivalSink`]; `record` puts the arrival into a bounded buffer and returns (a full
+//! [`ArrivalSink`] (`IdempotencyLayer::with_arrivals`); `record` puts the arrival into a bounded buffer and returns (a full
 //! buffer drops it and counts the drop). A writer task takes what gathered every
 //! `flush_every` and writes it in one transaction: per key, one upsert of the counts
-//! (`arrival_keys`) and a row per arrival only for the first `per_key` arrivals
-//! (`arrivals`), so a hot key costs one row however often it replays.
+//! (`idem_arrival_keys`) and a row per arrival only for the first `per_key` arrivals
+//! (`idem_arrivals`), so a hot key costs one row however often it replays.
 //!
 //! Retention follows the record: a key's arrivals are deleted once the key has neither
 //! an online record nor an archive entry (and its last arrival is older than
@@ -28,9 +29,9 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch, Mutex};
 use tokio::task::JoinHandle;
 
-use crate::db::{sql, Conn, Database, Sql};
-use crate::error::Error;
-use crate::ledgers::now_ms;
+use idem_core::StoreError;
+
+use crate::sql::{sql, Conn, Row, Sql, SqlStore};
 
 /// How the timeline is buffered and kept.
 #[derive(Debug, Clone)]
@@ -65,6 +66,24 @@ const MAX_BATCH: usize = 65_536;
 const GLANCE: Duration = Duration::from_millis(100);
 /// Keys looked at per page of a retention pass.
 const SWEEP_PAGE: i64 = 500;
+
+/// The process clock in epoch ms: arrivals are evidence for people, stamped by the
+/// process that received them.
+pub(crate) fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A statement of the timeline that failed: the server is gone (unavailable) or refused.
+fn failed(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
+            StoreError::Unavailable(format!("arrival timeline: {e}"))
+        }
+        e => StoreError::Backend(format!("arrival timeline: {e}")),
+    }
+}
 
 #[derive(Default, Clone)]
 struct Counters {
@@ -101,14 +120,11 @@ impl ArrivalSink for ArrivalLog {
 }
 
 impl ArrivalLog {
-    /// Starts the writer (and the retention pass, with `records` and `archive` to ask
-    /// whether a key still has a record).
-    pub fn start(
-        db: Database,
-        records: Arc<dyn IdempotencyStore>,
-        archive: Option<Arc<dyn ArchiveLookup>>,
-        options: ArrivalOptions,
-    ) -> Self {
+    /// Starts the writer and the retention pass over `db`'s own timeline tables (a key's
+    /// timeline is kept while `db` has its record or archive entry). Needs a Tokio runtime.
+    pub fn start(db: SqlStore, options: ArrivalOptions) -> Self {
+        let records = db.records();
+        let archive = Some(db.archive());
         let (tx, rx) = mpsc::channel(options.buffer.max(1));
         let (stop, stopped) = watch::channel(false);
         let inner = Arc::new(Inner {
@@ -140,22 +156,22 @@ impl ArrivalLog {
     pub fn register(&self, registry: &mut Registry) {
         let c = &self.inner.counters;
         registry.register(
-            "idem_orders_arrivals_recorded",
+            "idem_arrivals_recorded",
             "Keyed arrivals handed to the timeline's buffer",
             c.recorded.clone(),
         );
         registry.register(
-            "idem_orders_arrivals_dropped",
+            "idem_arrivals_dropped",
             "Keyed arrivals dropped because the timeline's buffer was full",
             c.dropped.clone(),
         );
         registry.register(
-            "idem_orders_arrivals_written",
+            "idem_arrivals_written",
             "Arrivals written to the timeline",
             c.written.clone(),
         );
         registry.register(
-            "idem_orders_arrival_write_failures",
+            "idem_arrival_write_failures",
             "Timeline writes that failed (their arrivals are lost)",
             c.write_failures.clone(),
         );
@@ -188,7 +204,7 @@ impl ArrivalLog {
 }
 
 async fn write_loop(
-    db: Database,
+    db: SqlStore,
     mut rx: mpsc::Receiver<Arrival>,
     options: ArrivalOptions,
     mut stopped: watch::Receiver<bool>,
@@ -309,14 +325,14 @@ impl MultiRow {
         c: &mut Conn<'_>,
         items: &[T],
         bind: impl Fn(Sql, &T) -> Sql,
-    ) -> Result<Vec<crate::db::Row>, Error> {
+    ) -> Result<Vec<Row>, StoreError> {
         let [one, many] = self.texts();
         let chunks = items.chunks_exact(ROWS_PER_INSERT);
         let rest = chunks.remainder().chunks(1);
         let mut answered = Vec::new();
         for (text, group) in chunks.map(|g| (many, g)).chain(rest.map(|g| (one, g))) {
             let q = group.iter().fold(sql(text), &bind);
-            answered.extend(c.all(q).await?);
+            answered.extend(c.all(q).await.map_err(failed)?);
         }
         Ok(answered)
     }
@@ -324,20 +340,20 @@ impl MultiRow {
 
 /// The counts per key, answering each key's new total.
 const COUNTS: MultiRow = MultiRow {
-    head: "INSERT INTO arrival_keys (tenant_id, idem_key, first_at, last_at, executed, \
+    head: "INSERT INTO idem_arrival_keys (tenant_id, idem_key, first_at, last_at, executed, \
            replayed, in_progress, mismatch, refused, total)",
     columns: 10,
     tail: "ON CONFLICT (tenant_id, idem_key) DO UPDATE SET \
-           first_at = CASE WHEN excluded.first_at < arrival_keys.first_at \
-             THEN excluded.first_at ELSE arrival_keys.first_at END, \
-           last_at = CASE WHEN excluded.last_at > arrival_keys.last_at \
-             THEN excluded.last_at ELSE arrival_keys.last_at END, \
-           executed = arrival_keys.executed + excluded.executed, \
-           replayed = arrival_keys.replayed + excluded.replayed, \
-           in_progress = arrival_keys.in_progress + excluded.in_progress, \
-           mismatch = arrival_keys.mismatch + excluded.mismatch, \
-           refused = arrival_keys.refused + excluded.refused, \
-           total = arrival_keys.total + excluded.total \
+           first_at = CASE WHEN excluded.first_at < idem_arrival_keys.first_at \
+             THEN excluded.first_at ELSE idem_arrival_keys.first_at END, \
+           last_at = CASE WHEN excluded.last_at > idem_arrival_keys.last_at \
+             THEN excluded.last_at ELSE idem_arrival_keys.last_at END, \
+           executed = idem_arrival_keys.executed + excluded.executed, \
+           replayed = idem_arrival_keys.replayed + excluded.replayed, \
+           in_progress = idem_arrival_keys.in_progress + excluded.in_progress, \
+           mismatch = idem_arrival_keys.mismatch + excluded.mismatch, \
+           refused = idem_arrival_keys.refused + excluded.refused, \
+           total = idem_arrival_keys.total + excluded.total \
          RETURNING tenant_id, idem_key, total",
     texts: &COUNTS_TEXTS,
 };
@@ -345,7 +361,7 @@ static COUNTS_TEXTS: std::sync::OnceLock<[&'static str; 2]> = std::sync::OnceLoc
 
 /// One arrival each.
 const ROWS: MultiRow = MultiRow {
-    head: "INSERT INTO arrivals (tenant_id, idem_key, seq, at, decision, status, elapsed_ms, \
+    head: "INSERT INTO idem_arrivals (tenant_id, idem_key, seq, at, decision, status, elapsed_ms, \
            principal)",
     columns: 8,
     tail: "ON CONFLICT DO NOTHING",
@@ -353,7 +369,7 @@ const ROWS: MultiRow = MultiRow {
 };
 static ROWS_TEXTS: std::sync::OnceLock<[&'static str; 2]> = std::sync::OnceLock::new();
 
-async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result<(), Error> {
+async fn write_batch(db: &SqlStore, batch: &[Arrival], per_key: usize) -> Result<(), StoreError> {
     let mut by_key: BTreeMap<(&str, &str), KeyBatch<'_>> = BTreeMap::new();
     for a in batch {
         let entry = by_key
@@ -381,8 +397,11 @@ async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result
     let mut totals: BTreeMap<(String, String), i64> = BTreeMap::new();
     for row in answered {
         totals.insert(
-            (row.text("tenant_id")?, row.text("idem_key")?),
-            row.int("total")?,
+            (
+                row.text("tenant_id").map_err(failed)?,
+                row.text("idem_key").map_err(failed)?,
+            ),
+            row.int("total").map_err(failed)?,
         );
     }
     let mut rows: Vec<(&str, &str, i64, &Arrival)> = Vec::new();
@@ -390,7 +409,7 @@ async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result
         let n = kb.arrivals.len() as i64;
         let total = *totals
             .get(&((*tenant).to_owned(), (*key).to_owned()))
-            .ok_or_else(|| Error::Backend("the arrival upsert returned no total".into()))?;
+            .ok_or_else(|| StoreError::Backend("the arrival upsert returned no total".into()))?;
         let before = total - n;
         for (i, a) in kb.arrivals.iter().enumerate() {
             let seq = before + i as i64 + 1;
@@ -415,7 +434,7 @@ async fn write_batch(db: &Database, batch: &[Arrival], per_key: usize) -> Result
 }
 
 async fn sweep_loop(
-    db: Database,
+    db: SqlStore,
     records: Arc<dyn IdempotencyStore>,
     archive: Option<Arc<dyn ArchiveLookup>>,
     options: ArrivalOptions,
@@ -448,36 +467,39 @@ async fn sweep_loop(
 /// Deletes the timelines of keys last seen before `cutoff` that have neither a record
 /// nor an archive entry. Returns how many keys' timelines went.
 pub async fn sweep(
-    db: &Database,
+    db: &SqlStore,
     records: &dyn IdempotencyStore,
     archive: Option<&dyn ArchiveLookup>,
     cutoff: Millis,
-) -> Result<usize, Error> {
+) -> Result<usize, StoreError> {
     let mut deleted = 0;
     let mut after: (i64, String, String) = (i64::MIN, String::new(), String::new());
     loop {
         let page = {
-            let mut conn = db.acquire().await?;
+            let mut conn = db.acquire().await.map_err(failed)?;
             conn.conn()
                 .all(
-                    sql("SELECT tenant_id, idem_key, last_at FROM arrival_keys \
+                    sql(
+                        "SELECT tenant_id, idem_key, last_at FROM idem_arrival_keys \
                          WHERE last_at < $1 AND (last_at > $2 OR (last_at = $2 AND \
                            (tenant_id > $3 OR (tenant_id = $3 AND idem_key > $4)))) \
-                         ORDER BY last_at, tenant_id, idem_key LIMIT $5")
+                         ORDER BY last_at, tenant_id, idem_key LIMIT $5",
+                    )
                     .bind(cutoff)
                     .bind(after.0)
                     .bind(after.1.clone())
                     .bind(after.2.clone())
                     .bind(SWEEP_PAGE),
                 )
-                .await?
+                .await
+                .map_err(failed)?
         };
         let full = page.len() as i64 == SWEEP_PAGE;
         for row in &page {
             let (tenant, key, last_at) = (
-                row.text("tenant_id")?,
-                row.text("idem_key")?,
-                row.int("last_at")?,
+                row.text("tenant_id").map_err(failed)?,
+                row.text("idem_key").map_err(failed)?,
+                row.int("last_at").map_err(failed)?,
             );
             after = (last_at, tenant.clone(), key.clone());
             // A key the store would refuse cannot have a record.
@@ -510,28 +532,29 @@ pub async fn sweep(
 
 /// Deletes one key's timeline unless it arrived again since it was read.
 async fn delete_key(
-    db: &Database,
+    db: &SqlStore,
     tenant: &str,
     key: &str,
     cutoff: Millis,
-) -> Result<usize, Error> {
+) -> Result<usize, StoreError> {
     let mut tx = db.begin().await?;
     let mut c = tx.conn();
     let gone = c
         .execute(
-            sql("DELETE FROM arrival_keys WHERE tenant_id = $1 AND idem_key = $2 AND last_at < $3")
+            sql("DELETE FROM idem_arrival_keys WHERE tenant_id = $1 AND idem_key = $2 AND last_at < $3")
                 .bind(tenant)
                 .bind(key)
                 .bind(cutoff),
         )
-        .await?;
+        .await.map_err(failed)?;
     if gone == 1 {
         c.execute(
-            sql("DELETE FROM arrivals WHERE tenant_id = $1 AND idem_key = $2")
+            sql("DELETE FROM idem_arrivals WHERE tenant_id = $1 AND idem_key = $2")
                 .bind(tenant)
                 .bind(key),
         )
-        .await?;
+        .await
+        .map_err(failed)?;
     }
     tx.commit().await?;
     Ok(gone as usize)
@@ -586,11 +609,11 @@ impl KeyArrivals {
 
 /// The timeline of `(tenant, key)`, if it had an arrival.
 pub async fn key_arrivals(
-    db: &Database,
+    db: &SqlStore,
     tenant: &str,
     key: &str,
-) -> Result<Option<KeyArrivals>, Error> {
-    let mut conn = db.acquire().await?;
+) -> Result<Option<KeyArrivals>, StoreError> {
+    let mut conn = db.acquire().await.map_err(failed)?;
     let mut c = conn.conn();
     key_arrivals_on(&mut c, tenant, key).await
 }
@@ -599,51 +622,57 @@ async fn key_arrivals_on(
     c: &mut Conn<'_>,
     tenant: &str,
     key: &str,
-) -> Result<Option<KeyArrivals>, Error> {
+) -> Result<Option<KeyArrivals>, StoreError> {
     let Some(head) = c
         .optional(
             sql(
                 "SELECT first_at, last_at, executed, replayed, in_progress, mismatch, refused, \
-                   total FROM arrival_keys WHERE tenant_id = $1 AND idem_key = $2",
+                   total FROM idem_arrival_keys WHERE tenant_id = $1 AND idem_key = $2",
             )
             .bind(tenant)
             .bind(key),
         )
-        .await?
+        .await
+        .map_err(failed)?
     else {
         return Ok(None);
     };
     let counts = ArrivalDecision::ALL
         .into_iter()
-        .map(|d| Ok((d, head.int(d.as_str())?)))
-        .collect::<Result<Vec<_>, Error>>()?;
+        .map(|d| Ok((d, head.int(d.as_str()).map_err(failed)?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
     let rows = c
         .all(
             sql(
-                "SELECT seq, at, decision, status, elapsed_ms, principal FROM arrivals \
+                "SELECT seq, at, decision, status, elapsed_ms, principal FROM idem_arrivals \
                  WHERE tenant_id = $1 AND idem_key = $2 ORDER BY at, seq",
             )
             .bind(tenant)
             .bind(key),
         )
-        .await?;
+        .await
+        .map_err(failed)?;
     let arrivals = rows
         .iter()
         .map(|r| {
             Ok(ArrivalRow {
-                seq: r.int("seq")?,
-                at: r.int("at")?,
-                decision: r.text("decision")?.parse().map_err(Error::Backend)?,
-                status: u16::try_from(r.int("status")?).unwrap_or(0),
-                elapsed_ms: r.int("elapsed_ms")?,
-                principal: r.text("principal")?,
+                seq: r.int("seq").map_err(failed)?,
+                at: r.int("at").map_err(failed)?,
+                decision: r
+                    .text("decision")
+                    .map_err(failed)?
+                    .parse()
+                    .map_err(StoreError::Backend)?,
+                status: u16::try_from(r.int("status").map_err(failed)?).unwrap_or(0),
+                elapsed_ms: r.int("elapsed_ms").map_err(failed)?,
+                principal: r.text("principal").map_err(failed)?,
             })
         })
-        .collect::<Result<Vec<_>, Error>>()?;
+        .collect::<Result<Vec<_>, StoreError>>()?;
     Ok(Some(KeyArrivals {
-        first_at: head.int("first_at")?,
-        last_at: head.int("last_at")?,
-        total: head.int("total")?,
+        first_at: head.int("first_at").map_err(failed)?,
+        last_at: head.int("last_at").map_err(failed)?,
+        total: head.int("total").map_err(failed)?,
         counts,
         arrivals,
     }))
@@ -671,12 +700,11 @@ mod tests {
     #[tokio::test]
     async fn bounded_per_key_and_kept_while_the_record_is() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Database::open_sqlite(dir.path().join("a.db"))
+        let db = SqlStore::open_sqlite_path(dir.path().join("a.db"))
             .await
             .unwrap();
         let t1 = TenantId::new("t1").unwrap();
-        db.store()
-            .seed_terminal(&t1, "kept-", 1, now_ms(), 10)
+        db.seed_terminal(&t1, "kept-", 1, now_ms(), 10)
             .await
             .unwrap();
         // 70 arrivals of a recorded key in two batches, 2 of a key without a record.
@@ -707,8 +735,8 @@ mod tests {
         assert_eq!(kept.summary(), "70 arrivals: 1 executed, 69 replayed");
         assert_eq!(kept.arrivals.last().unwrap().seq, 64);
         assert_eq!((kept.first_at, kept.last_at), (now, now + 69));
-        let records = db.idempotency_store();
-        let archive = db.store().archive();
+        let records = db.records();
+        let archive = db.archive();
         // Too recent to go, whatever the record says.
         assert_eq!(
             sweep(&db, records.as_ref(), Some(archive.as_ref()), now - 1)

@@ -13,17 +13,17 @@ use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::fingerprint::Fingerprint;
-use crate::key::{IdempotencyKey, OwnerId, Principal, TenantId};
+use idem_core::Fingerprint;
+use idem_core::{IdempotencyKey, OwnerId, Principal, TenantId};
 use std::time::Duration;
 
-use crate::lease::{
+use idem_core::lease::{
     check_reason, check_ttl, Acquire, Fenced, FencingToken, Lease, LeaseError, LeaseEvent,
     LeaseEventKind, LeaseName, LeaseStatus, Release, Renew,
 };
-use crate::record::{Millis, Record, RecordState, StoredResult};
-use crate::retention::{ArchivedRecord, DueRecord, Tier};
-use crate::store::StoreError;
+use idem_core::StoreError;
+use idem_core::{ArchivedRecord, DueRecord, Tier};
+use idem_core::{Millis, Record, RecordState, StoredResult};
 
 /// A stored value that does not decode.
 pub fn corrupt(what: &str, detail: impl Display) -> StoreError {
@@ -360,7 +360,7 @@ pub trait FenceSteps: Sync {
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, LeaseError>> + Send;
 
     /// Presents `lease` to the fence of `resource` in `tx`: `None` when its token passes
-    /// ([`crate::lease::fence_accepts`]; the fence then remembers it when `tx` commits),
+    /// ([`idem_core::lease::fence_accepts`]; the fence then remembers it when `tx` commits),
     /// otherwise `Some((last accepted token, store time))` and nothing written.
     fn take<'a>(
         &'a self,
@@ -637,7 +637,7 @@ mod tests {
             },
         ] {
             let err = bad.decode().unwrap_err();
-            assert_eq!(err.kind(), crate::ErrorKind::Backend, "{err}");
+            assert_eq!(err.kind(), idem_core::ErrorKind::Backend, "{err}");
         }
     }
 
@@ -939,9 +939,9 @@ mod tests {
         // Bad input is refused before the lock: nothing is written.
         let f = fake(15);
         let err = block_on(f.renew(&name, &a, t, Duration::ZERO)).unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::InvalidInput);
+        assert_eq!(err.kind(), idem_core::ErrorKind::InvalidInput);
         let err = block_on(f.force_release(&name, " ")).unwrap_err();
-        assert_eq!(err.kind(), crate::ErrorKind::InvalidInput);
+        assert_eq!(err.kind(), idem_core::ErrorKind::InvalidInput);
         assert!(log(&f).is_empty());
     }
 }

@@ -1,0 +1,13 @@
+//! idem-store-kit: what idem's stores share below the vocabulary.
+//!
+//! Owns pure code that every store needs and no application should bind to: stored
+//! values turned into records, leases and archive rows ([`row`]), the order of the steps
+//! of a fenced write and of lease changes under a name's lock, and the replay hint
+//! ([`recent`]). It must not do I/O nor know a SQL dialect, and it is no part of the
+//! vocabulary: `idem-core` keeps the words applications use, this crate keeps how stores
+//! implement them, so it may change in ways a store author notices and a user does not.
+
+pub mod recent;
+pub mod row;
+
+pub use recent::RecentKeys;
