@@ -124,11 +124,11 @@ impl ClusterSeeds {
     /// A plain connection to one node (`host:port`), for what a cluster connection does
     /// not route to a single server (`INFO`, a primary's `SCAN`).
     pub async fn node(&self, addr: &str) -> Result<redis::aio::MultiplexedConnection, StoreError> {
-        let client = crate::open_client(&format!("{}{addr}", self.base), self.ca_file.as_deref())?;
+        let client = open_client(&format!("{}{addr}", self.base), self.ca_file.as_deref())?;
         client
             .get_multiplexed_async_connection()
             .await
-            .map_err(|e| crate::map_err(&e))
+            .map_err(|e| crate::reply::map_err(&e))
     }
 
     /// A plain connection to the first seed.
@@ -146,7 +146,7 @@ impl ClusterSeeds {
             .arg("NODES")
             .query_async(&mut conn)
             .await
-            .map_err(|e| crate::map_err(&e))?;
+            .map_err(|e| crate::reply::map_err(&e))?;
         Ok(parse_primaries(&nodes))
     }
 }
@@ -189,6 +189,51 @@ pub async fn scan<C: ConnectionLike + Send>(
             return Ok(all);
         }
         cursor = next;
+    }
+}
+
+/// A client for `url`; a `rediss://` one trusts `ca_file` (PEM) instead of the system's
+/// roots when given.
+pub fn open_client(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<redis::Client, StoreError> {
+    let bad = |e: RedisError| StoreError::InvalidInput(format!("redis url: {e}"));
+    match ca_file {
+        None => redis::Client::open(url).map_err(bad),
+        Some(path) => {
+            let root = std::fs::read(path).map_err(|e| {
+                StoreError::InvalidInput(format!(
+                    "reading the Redis CA file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            if !url.starts_with("rediss://") {
+                return Err(StoreError::InvalidInput(
+                    "a Redis CA file needs a rediss:// URL".into(),
+                ));
+            }
+            redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root),
+                },
+            )
+            .map_err(bad)
+        }
+    }
+}
+
+/// A client for publish/subscribe beside a store on `url`: the server itself, or a
+/// cluster's first seed (a cluster broadcasts `PUBLISH` to every node).
+pub fn pubsub_client(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<redis::Client, StoreError> {
+    match ClusterSeeds::parse(url, ca_file)? {
+        Some(seeds) => open_client(&seeds.nodes[0], ca_file),
+        None => open_client(url, ca_file),
     }
 }
 

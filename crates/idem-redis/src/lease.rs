@@ -88,7 +88,8 @@ use idem_core::{
 };
 use redis::{Script, Value};
 
-use crate::{encode_component, millis_u64, RedisStore};
+use crate::keys::{encode_component, millis_u64};
+use crate::RedisStore;
 
 /// How many events the list of one lease name keeps (the most recent).
 pub const LEASE_EVENTS_KEPT: usize = 1000;
