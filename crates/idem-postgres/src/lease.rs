@@ -82,15 +82,13 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::lease::{check_ttl, fence_accepts};
+use idem_core::lease::check_ttl;
 use idem_core::retention::millis;
 use idem_core::{
     Acquire, ClockShift, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,
     LeaseStatus, LeaseStore, Millis, OwnerId, Release, Renew,
 };
-use idem_store_kit::row::{
-    FenceRefusal, FenceSteps, LeaseEventRow, LeaseRow, LeaseSnapshot, LeaseSteps,
-};
+use idem_store_kit::row::{LeaseEventRow, LeaseRow, LeaseSnapshot, LeaseSteps};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgExecutor, Postgres, Row};
 
@@ -101,175 +99,18 @@ pub use idem_store_kit::row::FencedWriteFuture;
 
 /// The database clock in epoch milliseconds (`clock_timestamp()`: the time of reading,
 /// not of the transaction start).
-const CLOCK: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
-/// Migration 2. Unqualified names: the migration runs with `search_path` set to the
-/// store's schema.
-pub(crate) const MIGRATION_SQL: &str = r#"
--- The highest token ever granted per name. A grant bumps it in the same transaction
--- that writes the lease; the row is also the per-name lock every lease change takes.
-CREATE TABLE idem_lease_tokens (
-    name       text   PRIMARY KEY,
-    last_token bigint NOT NULL CHECK (last_token >= 0)
-);
--- Tokens never go back: the counter can be neither deleted nor lowered.
-CREATE FUNCTION idem_lease_tokens_never_go_back() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'UPDATE' THEN
-        IF NEW.last_token < OLD.last_token OR NEW.name <> OLD.name THEN
-            RAISE EXCEPTION 'idem_lease_tokens: token counter of % cannot go back', OLD.name
-                USING ERRCODE = 'check_violation';
-        END IF;
-        RETURN NEW;
-    END IF;
-    RAISE EXCEPTION 'idem_lease_tokens: token counters are never deleted (%)', TG_OP
-        USING ERRCODE = 'check_violation';
-END
-$$;
-CREATE TRIGGER idem_lease_tokens_guard BEFORE UPDATE OR DELETE ON idem_lease_tokens
-    FOR EACH ROW EXECUTE FUNCTION idem_lease_tokens_never_go_back();
-CREATE TRIGGER idem_lease_tokens_no_truncate BEFORE TRUNCATE ON idem_lease_tokens
-    FOR EACH STATEMENT EXECUTE FUNCTION idem_lease_tokens_never_go_back();
-
--- The current lease per name (live, or expired and not yet noticed).
-CREATE TABLE idem_leases (
-    name        text    PRIMARY KEY,
-    owner       text    NOT NULL,
-    token       bigint  NOT NULL CHECK (token > 0),
-    acquired_at bigint  NOT NULL,
-    expires_at  bigint  NOT NULL,
-    renewals    integer NOT NULL DEFAULT 0 CHECK (renewals >= 0)
-);
-
--- Evidence: who held what, with which token, when (database clock).
-CREATE TABLE idem_lease_events (
-    id          bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    name        text    NOT NULL,
-    kind        text    NOT NULL CHECK (kind IN ('acquired', 'renewed', 'renew_rejected',
-                    'released', 'expired', 'release_owner_mismatch',
-                    'fenced_write_rejected', 'force_released')),
-    at          bigint  NOT NULL,
-    owner       text,
-    token       bigint,
-    acquired_at bigint,
-    expires_at  bigint,
-    detail      text
-);
-CREATE INDEX idem_lease_events_name_idx ON idem_lease_events (name, id);
-
--- The last token each protected resource accepted (the fence).
-CREATE TABLE idem_fences (
-    resource   text   PRIMARY KEY,
-    last_token bigint NOT NULL,
-    lease_name text   NOT NULL,
-    owner      text   NOT NULL,
-    updated_at bigint NOT NULL
-);
-"#;
-
-/// Migration 8: lease rows are kept after their lease ends (`ended_at`), so the row's
-/// token is the name's counter while the row exists and the common grant and release
-/// are each one in-place update. The counter table keeps the token of a row that is
-/// deleted anyway (by hand), and stays the lock of the locked path.
-pub(crate) const KEPT_ROWS_SQL: &str = r#"
-SET LOCAL lock_timeout = '10s';
-ALTER TABLE idem_leases ADD COLUMN ended_at bigint;
--- Names whose lease row is gone: a row that has ended, carrying the counter's token.
-INSERT INTO idem_leases (name, owner, token, acquired_at, expires_at, renewals, ended_at)
-    SELECT t.name, '-', t.last_token, 0, 0, 0, 0 FROM idem_lease_tokens t
-    WHERE t.last_token > 0 AND NOT EXISTS (SELECT 1 FROM idem_leases l WHERE l.name = t.name);
--- A row's token never goes back (nor below the counter when a row is inserted), and a
--- deleted row leaves its token in the counter. The function keeps the migration's
--- search_path, so a delete by hand from any session finds this schema's counter.
-CREATE FUNCTION idem_leases_keep_token() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        IF NEW.token < (SELECT last_token FROM idem_lease_tokens WHERE name = NEW.name) THEN
-            RAISE EXCEPTION 'idem_leases: a row for % cannot start below its counter', NEW.name
-                USING ERRCODE = 'check_violation';
-        END IF;
-        RETURN NEW;
-    ELSIF TG_OP = 'UPDATE' THEN
-        IF OLD.ended_at IS NOT NULL AND NEW.ended_at IS NOT NULL THEN
-            -- Only an idem build older than this schema grants without clearing ended_at.
-            RAISE EXCEPTION 'idem_leases: % was written by an idem older than schema version 8; upgrade every process using this schema', OLD.name
-                USING ERRCODE = 'check_violation';
-        END IF;
-        RAISE EXCEPTION 'idem_leases: the token of % cannot go back', OLD.name
-            USING ERRCODE = 'check_violation';
-    ELSIF TG_OP = 'TRUNCATE' THEN
-        RAISE EXCEPTION 'idem_leases: lease rows hold the token counters; delete rows instead'
-            USING ERRCODE = 'check_violation';
-    END IF;
-    INSERT INTO idem_lease_tokens AS t (name, last_token) VALUES (OLD.name, OLD.token)
-    ON CONFLICT (name) DO UPDATE SET last_token = GREATEST(t.last_token, EXCLUDED.last_token);
-    RETURN OLD;
-END
-$$;
-CREATE TRIGGER idem_leases_token_guard BEFORE UPDATE ON idem_leases
-    FOR EACH ROW WHEN (NEW.token < OLD.token OR NEW.name <> OLD.name
-        OR (OLD.ended_at IS NOT NULL AND NEW.ended_at IS NOT NULL AND NEW.token <> OLD.token))
-    EXECUTE FUNCTION idem_leases_keep_token();
-CREATE TRIGGER idem_leases_insert_guard BEFORE INSERT ON idem_leases
-    FOR EACH ROW EXECUTE FUNCTION idem_leases_keep_token();
-CREATE TRIGGER idem_leases_keep_token AFTER DELETE ON idem_leases
-    FOR EACH ROW EXECUTE FUNCTION idem_leases_keep_token();
-CREATE TRIGGER idem_leases_no_truncate BEFORE TRUNCATE ON idem_leases
-    FOR EACH STATEMENT EXECUTE FUNCTION idem_leases_keep_token();
-"#;
-
-/// Migration 9: the holder's release is recorded in place on the lease row (one update,
-/// no event insert), and moves into the next grant's `acquired` event, which carries it
-/// in its `released_*` columns. The stored events are `idem_lease_event_rows`;
-/// `idem_lease_events` is a view that shows those releases as events of their own, so
-/// every reader sees each release once. A release remembers the last stored event of
-/// its name when it happened (`release_after`), so in id order it sits right after it.
-pub(crate) const RELEASE_IN_PLACE_SQL: &str = r#"
-SET LOCAL lock_timeout = '10s';
-ALTER TABLE idem_lease_events RENAME TO idem_lease_event_rows;
-ALTER INDEX idem_lease_events_name_idx RENAME TO idem_lease_event_rows_name_idx;
-ALTER INDEX idem_lease_events_at_idx RENAME TO idem_lease_event_rows_at_idx;
-ALTER TABLE idem_lease_event_rows
-    ADD COLUMN released_after bigint,
-    ADD COLUMN released_owner text,
-    ADD COLUMN released_token bigint,
-    ADD COLUMN released_acquired_at bigint,
-    ADD COLUMN released_expires_at bigint,
-    ADD COLUMN released_at bigint;
-ALTER TABLE idem_leases
-    ADD COLUMN release_after bigint,
-    ADD COLUMN prev_owner text,
-    ADD COLUMN prev_token bigint,
-    ADD COLUMN prev_acquired_at bigint,
-    ADD COLUMN prev_expires_at bigint,
-    ADD COLUMN prev_ended_at bigint,
-    ADD COLUMN prev_release_after bigint;
--- Stored events at even ids; a release right after the stored event it followed.
-CREATE VIEW idem_lease_events AS
-    SELECT id * 2 AS id, name, kind, at, owner, token, acquired_at, expires_at, detail
-    FROM idem_lease_event_rows
-    UNION ALL
-    SELECT released_after * 2 + 1, name, 'released', released_at, released_owner,
-           released_token, released_acquired_at, released_expires_at, NULL
-    FROM idem_lease_event_rows WHERE released_after IS NOT NULL
-    UNION ALL
-    SELECT release_after * 2 + 1, name, 'released', ended_at, owner, token, acquired_at,
-           expires_at, NULL
-    FROM idem_leases WHERE release_after IS NOT NULL;
-"#;
+pub(crate) const CLOCK: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /// The (possibly schema-qualified) lease tables.
-struct Tables {
-    leases: String,
-    tokens: String,
+pub(crate) struct Tables {
+    pub(crate) leases: String,
+    pub(crate) tokens: String,
     /// The evidence as read: a view over the stored events and the releases recorded
     /// in place (migration 9).
-    events: String,
+    pub(crate) events: String,
     /// The stored events, where evidence is written and trimmed.
-    event_rows: String,
-    fences: String,
+    pub(crate) event_rows: String,
+    pub(crate) fences: String,
 }
 
 impl Tables {
@@ -289,7 +130,7 @@ impl Tables {
     }
 }
 
-fn lerr(what: &'static str) -> impl Fn(sqlx::Error) -> LeaseError {
+pub(crate) fn lerr(what: &'static str) -> impl Fn(sqlx::Error) -> LeaseError {
     move |e| map_err(what, e).into()
 }
 
@@ -605,7 +446,7 @@ async fn locked_lease(
     })
 }
 
-async fn record(
+pub(crate) async fn record(
     exec: impl PgExecutor<'_>,
     t: &Tables,
     event: &LeaseEvent,
@@ -680,126 +521,14 @@ async fn list_names(
 }
 
 impl PgStore {
-    fn lease_tables(&self) -> Tables {
+    pub(crate) fn lease_tables(&self) -> Tables {
         Tables::of(self.schema.as_deref())
     }
 
-    async fn begin_lease(&self) -> Result<sqlx::Transaction<'static, Postgres>, LeaseError> {
+    pub(crate) async fn begin_lease(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, Postgres>, LeaseError> {
         self.pool.begin().await.map_err(lerr("lease begin"))
-    }
-
-    /// Takes the fence of `resource` on `conn`: accepted (and remembered) when
-    /// `lease.token` passes [`fence_accepts`]; otherwise `Some((last accepted, now))`
-    /// and nothing written. Either way the fence row stays locked until `conn`'s
-    /// transaction ends, so writes under one resource are serialized in token order.
-    async fn take_fence(
-        &self,
-        conn: &mut PgConnection,
-        t: &Tables,
-        resource: &str,
-        lease: &Lease,
-    ) -> Result<Option<(FencingToken, Millis)>, LeaseError> {
-        idem_store_kit::row::check_resource(resource)?;
-        // DO UPDATE … WHERE locks the conflicting row even when the WHERE is false.
-        let accepted: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO {fences} AS f (resource, last_token, lease_name, owner, updated_at) \
-             VALUES ($1, $2, $3, $4, {CLOCK} + $5) \
-             ON CONFLICT (resource) DO UPDATE SET last_token = EXCLUDED.last_token, \
-               lease_name = EXCLUDED.lease_name, owner = EXCLUDED.owner, \
-               updated_at = EXCLUDED.updated_at \
-             WHERE EXCLUDED.last_token >= f.last_token \
-             RETURNING f.last_token",
-            fences = t.fences,
-        )))
-        .bind(resource)
-        .bind(lease.token.get())
-        .bind(lease.name.as_str())
-        .bind(lease.owner.as_str())
-        .bind(self.clock.millis())
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(lerr("fence"))?;
-        if accepted.is_some() {
-            return Ok(None);
-        }
-        // Under the row lock: the value that refused us, and the time of the refusal.
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT last_token, {CLOCK} + $2 AS now_ms FROM {fences} WHERE resource = $1",
-            fences = t.fences,
-        )))
-        .bind(resource)
-        .bind(self.clock.millis())
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(lerr("fence"))?;
-        let last = FencingToken::new(row.try_get(0).map_err(lerr("fence"))?);
-        let now: Millis = row.try_get(1).map_err(lerr("fence"))?;
-        debug_assert!(!fence_accepts(Some(last), lease.token));
-        Ok(Some((last, now)))
-    }
-
-    /// Runs `write` in a transaction only if `lease.token` passes the fence of
-    /// `resource` (see [`fence_accepts`]); the fence then remembers the token and
-    /// commits with the write. An older token gets `LeaseError::Fenced` (converted into
-    /// `E`), nothing of the write runs, and a `fenced_write_rejected` event is recorded
-    /// under the lease's name. An error from `write` rolls everything back, the fence
-    /// included. Concurrent writes to one resource are serialized by the fence row's lock.
-    ///
-    /// The closure owns what it writes (the future borrows only the connection) and
-    /// writes through `tx` only.
-    ///
-    /// ```no_run
-    /// # use idem_core::{Lease, LeaseError};
-    /// # async fn demo(store: idem_postgres::PgStore, lease: Lease) -> Result<(), LeaseError> {
-    /// let event = 42_i64;
-    /// store
-    ///     .fenced_write("inventory:event-42", &lease, move |tx| {
-    ///         Box::pin(async move {
-    ///             sqlx::query("UPDATE inventory SET held = held - 1 WHERE event = $1")
-    ///                 .bind(event)
-    ///                 .execute(tx)
-    ///                 .await
-    ///                 .map_err(|e| LeaseError::Backend(e.to_string()))?;
-    ///             Ok(())
-    ///         })
-    ///     })
-    ///     .await
-    /// # }
-    /// ```
-    pub async fn fenced_write<T, E, F>(
-        &self,
-        resource: &str,
-        lease: &Lease,
-        write: F,
-    ) -> Result<T, E>
-    where
-        E: From<LeaseError>,
-        F: for<'c> FnOnce(&'c mut PgConnection) -> FencedWriteFuture<'c, T, E>,
-    {
-        idem_store_kit::row::fenced_write(&Fence(self), resource, lease, write).await
-    }
-
-    /// The fence inside the caller's transaction (`conn` is typically `&mut *tx`), for a
-    /// service that writes its business rows itself: `Ok` means the token passed and the
-    /// fence remembers it when the caller commits; the fence row stays locked until
-    /// then. `LeaseError::Fenced` means an older token: the fence wrote nothing, a
-    /// `fenced_write_rejected` event was recorded in its own commit, and the caller must
-    /// not write (roll back).
-    pub async fn fence_in_tx(
-        &self,
-        conn: &mut PgConnection,
-        resource: &str,
-        lease: &Lease,
-    ) -> Result<(), LeaseError> {
-        let t = self.lease_tables();
-        match self.take_fence(conn, &t, resource, lease).await? {
-            None => Ok(()),
-            Some((last, now)) => {
-                let refusal = FenceRefusal::new(resource, lease, last, now);
-                Fence(self).refused(&refusal).await;
-                Err(refusal.fenced.into())
-            }
-        }
     }
 }
 
@@ -887,52 +616,6 @@ impl LeaseSteps for Change<'_> {
 
     async fn commit(tx: Self::Tx) -> Result<(), LeaseError> {
         tx.commit().await.map_err(lerr("lease commit"))
-    }
-}
-
-/// This store's steps of [`idem_store_kit::row::fenced_write`].
-struct Fence<'s>(&'s PgStore);
-
-impl FenceSteps for Fence<'_> {
-    type Tx = sqlx::Transaction<'static, Postgres>;
-    type Conn = PgConnection;
-
-    async fn begin(&self) -> Result<Self::Tx, LeaseError> {
-        self.0.begin_lease().await
-    }
-
-    async fn take<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        resource: &'a str,
-        lease: &'a Lease,
-    ) -> Result<Option<(FencingToken, Millis)>, LeaseError> {
-        let t = self.0.lease_tables();
-        self.0.take_fence(tx, &t, resource, lease).await
-    }
-
-    fn conn(tx: &mut Self::Tx) -> &mut PgConnection {
-        tx
-    }
-
-    async fn commit(tx: Self::Tx) -> Result<(), LeaseError> {
-        tx.commit().await.map_err(lerr("fenced write commit"))
-    }
-
-    async fn rollback(tx: Self::Tx) -> Result<(), LeaseError> {
-        tx.rollback().await.map_err(lerr("fenced write rollback"))
-    }
-
-    async fn refused<'a>(&'a self, refusal: &'a FenceRefusal) {
-        let t = self.0.lease_tables();
-        let f = &refusal.fenced;
-        if let Err(e) = record(&self.0.pool, &t, &refusal.event).await {
-            tracing::error!(error = %e, lease = %f.name, resource = %f.resource, "fenced-write evidence not recorded");
-        }
-        tracing::warn!(
-            lease = %f.name, owner = %f.owner, token = %f.token,
-            resource = %f.resource, last_accepted = %f.last_accepted, "fenced write rejected"
-        );
     }
 }
 
@@ -1251,7 +934,8 @@ mod tests {
     fn migration_lists_every_event_kind() {
         for kind in LeaseEventKind::ALL {
             assert!(
-                MIGRATION_SQL.contains(&format!("'{}'", kind.as_str())),
+                include_str!("../migrations/0002_idem_leases.sql")
+                    .contains(&format!("'{}'", kind.as_str())),
                 "{kind} missing from the CHECK"
             );
         }

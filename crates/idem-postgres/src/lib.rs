@@ -28,6 +28,7 @@
 //!   touch tables other than its own.
 
 mod error;
+mod fence;
 mod lease;
 mod migrate;
 mod retention;

@@ -24,116 +24,51 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "idem_records",
-        // Times are epoch milliseconds read from the database clock (never the caller's).
-        // Not partitioned: the UNIQUE guard must cover the whole (tenant_id, key) space, and
-        // a partitioned table could only enforce it per partition.
-        sql: r#"
-CREATE TABLE idem_records (
-    tenant_id        text    NOT NULL,
-    key              text    NOT NULL,
-    principal        text    NOT NULL,
-    fingerprint      bytea   NOT NULL CHECK (octet_length(fingerprint) = 32),
-    state            text    NOT NULL CHECK (state IN
-                         ('PROCESSING', 'SUCCEEDED', 'FAILED_RETRYABLE', 'FAILED_TERMINAL')),
-    version          bigint  NOT NULL CHECK (version > 0),
-    owner            text,
-    lease_expires_at bigint,
-    result_status    integer CHECK (result_status BETWEEN 0 AND 65535),
-    result_headers   jsonb,
-    result_body      bytea,
-    result_ref       text,
-    attempts         integer NOT NULL CHECK (attempts > 0),
-    created_at       bigint  NOT NULL,
-    updated_at       bigint  NOT NULL,
-    completed_at     bigint
-);
--- The last gate (docs/DESIGN.md: key states): two instances that both saw "absent" both INSERT; this index
--- lets one win and makes the other read the winner's record. unique_guard() checks it.
-CREATE UNIQUE INDEX idem_records_scope_uq ON idem_records (tenant_id, key);
--- The stale-PROCESSING scan (records whose lease ran out) reads only this small index.
-CREATE INDEX idem_records_processing_lease_idx ON idem_records (lease_expires_at)
-    WHERE state = 'PROCESSING';
--- Retention sweeps walk finished records by completion time.
-CREATE INDEX idem_records_completed_idx ON idem_records (completed_at)
-    WHERE completed_at IS NOT NULL;
-"#,
+        sql: include_str!("../migrations/0001_idem_records.sql"),
     },
     Migration {
         version: 2,
         name: "idem_leases",
-        // The tables of `lease.rs`, next to the statements that use them.
-        sql: crate::lease::MIGRATION_SQL,
+        sql: include_str!("../migrations/0002_idem_leases.sql"),
     },
     Migration {
         version: 3,
         name: "idem_retention",
-        // Retention tiers, the partitioned archive: next to the statements in `retention.rs`.
-        sql: crate::retention::MIGRATION_SQL,
+        sql: include_str!("../migrations/0003_idem_retention.sql"),
     },
     Migration {
         version: 4,
         name: "idem_records_drop_completed_idx",
-        // The sweeper's (tier, completed_at, tenant_id, key) index serves every scan by
-        // completion time; this one only cost each completion an extra index write.
-        // DROP INDEX takes the table's exclusive lock: give up rather than queue every
-        // claim behind a long transaction (rerun `idem migrate` when it is quiet).
-        sql: "SET LOCAL lock_timeout = '10s'; DROP INDEX IF EXISTS idem_records_completed_idx;",
+        sql: include_str!("../migrations/0004_idem_records_drop_completed_idx.sql"),
     },
     Migration {
         version: 5,
         name: "idem_lease_events_one_index",
-        // The event log is append-only with ids from its identity sequence, read by
-        // (name, id): that index is the only one it needs. Every lease change writes an
-        // event, so a second index was a second write on the hot path.
-        sql: "SET LOCAL lock_timeout = '10s'; \
-              ALTER TABLE idem_lease_events DROP CONSTRAINT IF EXISTS idem_lease_events_pkey;",
+        sql: include_str!("../migrations/0005_idem_lease_events_one_index.sql"),
     },
     Migration {
         version: 6,
         name: "idem_lease_tokens_guard_when",
-        // Every grant bumps its counter, and the guard ran a PL/pgSQL call for each bump
-        // only to find it rising (about a tenth of a grant's cost in pgbench). The
-        // trigger's WHEN clause now tests the rule in the executor and calls the function
-        // only to refuse a counter that would go back or be renamed; deletes and
-        // truncates are refused as before.
-        sql: "SET LOCAL lock_timeout = '10s'; \
-              DROP TRIGGER IF EXISTS idem_lease_tokens_guard ON idem_lease_tokens; \
-              CREATE TRIGGER idem_lease_tokens_guard BEFORE UPDATE ON idem_lease_tokens \
-                  FOR EACH ROW \
-                  WHEN (NEW.last_token < OLD.last_token OR NEW.name <> OLD.name) \
-                  EXECUTE FUNCTION idem_lease_tokens_never_go_back(); \
-              CREATE TRIGGER idem_lease_tokens_no_delete BEFORE DELETE ON idem_lease_tokens \
-                  FOR EACH ROW EXECUTE FUNCTION idem_lease_tokens_never_go_back();",
+        sql: include_str!("../migrations/0006_idem_lease_tokens_guard_when.sql"),
     },
     Migration {
         version: 7,
         name: "idem_lease_events_at_idx",
-        // Retention of the evidence (`trim_events`) finds old events by time. A B-tree:
-        // a BRIN summary would only widen as trimmed space is reused, until every range
-        // matched. The build blocks event inserts (every lease change) while it reads the
-        // log once: run `idem migrate` when it is quiet on a large log.
-        sql: "SET LOCAL lock_timeout = '10s'; \
-              CREATE INDEX IF NOT EXISTS idem_lease_events_at_idx ON idem_lease_events (at);",
+        sql: include_str!("../migrations/0007_idem_lease_events_at_idx.sql"),
     },
     Migration {
         version: 8,
         name: "idem_leases_kept",
-        // A lease row outlives its lease (marked ended), so a grant and a release are
-        // each one update of it in place instead of a counter bump, an insert and a
-        // delete: next to the statements in `lease.rs`.
-        sql: crate::lease::KEPT_ROWS_SQL,
+        sql: include_str!("../migrations/0008_idem_leases_kept.sql"),
     },
     Migration {
         version: 9,
         name: "idem_lease_release_in_place",
-        // The holder's release writes no event row of its own: about a third of a lease
-        // cycle's cost in pgbench. Next to the statements in `lease.rs`.
-        sql: crate::lease::RELEASE_IN_PLACE_SQL,
+        sql: include_str!("../migrations/0009_idem_lease_release_in_place.sql"),
     },
     Migration {
         version: 10,
         name: "idem_arrivals",
-        // The arrival timeline's tables (idem-sql's `arrivals` writes and reads them).
         sql: include_str!("../migrations/0010_arrivals.sql"),
     },
 ];
