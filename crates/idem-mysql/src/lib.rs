@@ -309,7 +309,8 @@ impl MysqlStore {
         self.retries.load(Ordering::Relaxed)
     }
 
-    /// How many calls ran again after InnoDB refused them over a lock (1213, 1205).
+    /// How many statements InnoDB refused over a lock (1213, 1205): calls outside a
+    /// transaction ran again, calls inside one answered in progress or "taken".
     pub fn lock_conflicts(&self) -> u64 {
         self.lock_conflicts.load(Ordering::Relaxed)
     }
@@ -354,6 +355,7 @@ impl MysqlStore {
         self.limits.check_claim(req)?;
         match self.claim_on(conn, req, true).await {
             Err(e) if error::is_mapped_lock_conflict(&e) => {
+                self.lock_conflicts.fetch_add(1, Ordering::Relaxed);
                 let now = idem_core::retention::millis(
                     std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
@@ -406,10 +408,9 @@ impl MysqlStore {
                 let at = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
                 Ok(Some(idem_core::store::final_record(req, finish, at)))
             }
-            Err(e)
-                if error::error_number(&e) == Some(error::DUP_ENTRY)
-                    || error::is_lock_conflict(&e) =>
-            {
+            Err(e) if error::error_number(&e) == Some(error::DUP_ENTRY) => Ok(None),
+            Err(e) if error::is_lock_conflict(&e) => {
+                self.lock_conflicts.fetch_add(1, Ordering::Relaxed);
                 Ok(None)
             }
             Err(e) => Err(error::map_err("insert_final", e)),

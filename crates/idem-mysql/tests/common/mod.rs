@@ -128,6 +128,20 @@ impl Harness for MyHarness {
 
 async fn drop_database(url: &str, database: &str) -> Result<(), sqlx::Error> {
     let mut conn = MySqlConnection::connect(url).await?;
+    // A dropped pool closes its sessions in the background, and a session that was
+    // returned inside a transaction still holds metadata locks the DROP would wait on
+    // forever: end every session of this database first.
+    let sessions: Vec<i64> =
+        sqlx::query_scalar("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?")
+            .bind(database)
+            .fetch_all(&mut conn)
+            .await?;
+    for id in sessions {
+        // Gone already is fine.
+        let _ = conn
+            .execute(sqlx::AssertSqlSafe(format!("KILL {id}")))
+            .await;
+    }
     conn.execute(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS `{database}`"
     )))
