@@ -32,7 +32,8 @@
 //! (final insert), and the caller rolls back.
 //!
 //! # MySQL 8 and MariaDB
-//! The statements are written in the dialect both accept. Where they differ this store
+//! Tested on MariaDB 10.11; written for MySQL 8.0.16+ too (CHECK constraints are
+//! enforced from 8.0.16). The statements are written in the dialect both accept. Where they differ this store
 //! uses the common form: no `RETURNING` (MariaDB-only; `LAST_INSERT_ID(expr)` instead),
 //! `VALUES(col)` in `ON DUPLICATE KEY UPDATE` (MySQL 8.0.20+ deprecates it in favour of
 //! a row alias MariaDB lacks; MySQL answers it with a warning), `SET SESSION TRANSACTION
