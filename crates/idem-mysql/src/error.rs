@@ -55,9 +55,14 @@ pub fn is_lock_conflict(err: &sqlx::Error) -> bool {
 
 /// Converts a sqlx error; `what` names the operation for the message.
 pub fn map_err(what: &str, err: sqlx::Error) -> StoreError {
-    if let sqlx::Error::Tls(e) = &err {
-        tracing::warn!(operation = what, error = %e, "mysql TLS failed");
-        return StoreError::Unavailable(format!("mysql {what}: TLS: {e}"));
+    // Which TLS step failed, and what to do about it (a CA file, the host name).
+    let tls = idem_net::tls::describe_failure(&err).or_else(|| match &err {
+        sqlx::Error::Tls(e) => Some(format!("TLS: {e}")),
+        _ => None,
+    });
+    if let Some(why) = tls {
+        tracing::warn!(operation = what, error = %why, "mysql TLS failed");
+        return StoreError::Unavailable(format!("mysql {what}: {why}"));
     }
     if is_unavailable(&err) {
         tracing::warn!(operation = what, error = %err, "mysql unavailable");
