@@ -387,6 +387,41 @@ mod mysql {
         my.drop_database().await;
     }
 
+    /// `advisory_lock` holds until the transaction ends: a second taker waits for the
+    /// first commit; a rollback releases it too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn advisory_locks_end_with_their_transaction() {
+        let Some(my) = MyDb::open("mysql://").await else {
+            return;
+        };
+        let db = my.store.sql().unwrap().clone();
+        for end_with_commit in [true, false] {
+            let mut first = db.begin().await.unwrap();
+            first.advisory_lock("facade-lock").await.unwrap();
+            let waiter = {
+                let db = db.clone();
+                tokio::spawn(async move {
+                    let mut second = db.begin().await.unwrap();
+                    second.advisory_lock("facade-lock").await.unwrap();
+                    second.commit().await.unwrap();
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(!waiter.is_finished(), "the second taker waits");
+            if end_with_commit {
+                first.commit().await.unwrap();
+            } else {
+                first.rollback().await.unwrap();
+            }
+            tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("released at the end of the transaction")
+                .unwrap();
+        }
+        drop(db);
+        my.drop_database().await;
+    }
+
     #[tokio::test]
     async fn mariadb_urls_open_the_mysql_store() {
         let Some(my) = MyDb::open("mariadb://").await else {
