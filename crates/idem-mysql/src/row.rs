@@ -1,7 +1,8 @@
 //! Reading MySQL rows into the plain structs of [`idem_core::row`], which validates them.
 //!
 //! Owns only the column types of this store (BIGINT times, INT status and attempts,
-//! VARBINARY fingerprints). A row that does not decode is a backend error, never
+//! VARBINARY fingerprints). It must not run statements or validate values itself
+//! (`idem_core::row` does). A row that does not decode is a backend error, never
 //! skipped: a corrupt record must not look like an absent one.
 
 use idem_core::row::RecordRow;
