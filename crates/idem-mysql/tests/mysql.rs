@@ -616,3 +616,125 @@ async fn a_duplicate_holds_no_gap_lock_over_its_neighbours() {
     }
     assert_eq!(store.lock_conflicts(), 0);
 }
+
+/// Fault test: while 64-way duplicate races run, another session keeps killing the
+/// store's sessions (`KILL`). Still exactly one execution per intent, every other
+/// arrival replays it (after the store tried another connection, or answered
+/// `Unavailable` and the caller retried), and no record is left PROCESSING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn killed_sessions_during_races_still_execute_once() {
+    let Some(h) = harness().await else { return };
+    let store = Arc::new(
+        h.store_with(MysqlOptions {
+            max_connections: 16,
+            ..h.options()
+        })
+        .await,
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let kills = Arc::new(AtomicUsize::new(0));
+    let killer = {
+        let (stop, kills, url, database) = (
+            stop.clone(),
+            kills.clone(),
+            h.server_url.clone(),
+            h.database.clone(),
+        );
+        tokio::spawn(async move {
+            let mut admin = sqlx::MySqlConnection::connect(&url).await.unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "SELECT ID FROM information_schema.PROCESSLIST \
+                     WHERE DB = ? AND ID <> CONNECTION_ID()",
+                )
+                .bind(&database)
+                .fetch_all(&mut admin)
+                .await
+                .unwrap();
+                // A few at a time, so some calls run on live sessions in between.
+                for id in ids.into_iter().take(3) {
+                    if admin
+                        .execute(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                        .await
+                        .is_ok()
+                    {
+                        kills.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        })
+    };
+    let t = fresh_tenant();
+    let unavailable = Arc::new(AtomicUsize::new(0));
+    for rep in 0..6 {
+        let k = format!("killed-{rep}");
+        let executions = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let (store, t, k) = (store.clone(), t.clone(), k.clone());
+            let (executions, unavailable) = (executions.clone(), unavailable.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut req = request(&t, &k, "same", &format!("owner-{i}"));
+                // A claim whose answer was lost leaves its record PROCESSING until the
+                // lease runs out; then another arrival takes it over.
+                req.lease = Duration::from_secs(2);
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    assert!(Instant::now() < deadline, "race did not settle");
+                    match store.claim(&req).await {
+                        Err(e) if e.is_unavailable() => {
+                            unavailable.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => panic!("claim: {e:?}"),
+                        Ok(Claim::Proceed(token)) => {
+                            executions.fetch_add(1, Ordering::SeqCst);
+                            let body = format!("{i}");
+                            loop {
+                                match store.complete(&token, result(&body)).await {
+                                    Ok(_) => return body,
+                                    Err(e) if e.is_unavailable() => {
+                                        unavailable.fetch_add(1, Ordering::Relaxed);
+                                        tokio::time::sleep(Duration::from_millis(5)).await;
+                                    }
+                                    Err(e) => panic!("complete: {e:?}"),
+                                }
+                            }
+                        }
+                        Ok(Claim::InProgress { .. }) => {
+                            tokio::time::sleep(Duration::from_millis(5)).await
+                        }
+                        Ok(Claim::Replay(rec)) => {
+                            return String::from_utf8(rec.result.unwrap().body).unwrap()
+                        }
+                        Ok(Claim::Mismatch { .. }) => panic!("mismatch"),
+                    }
+                }
+            }));
+        }
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.unwrap());
+        }
+        assert_eq!(executions.load(Ordering::SeqCst), 1, "rep {rep}");
+        assert!(answers.windows(2).all(|w| w[0] == w[1]), "rep {rep}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    killer.await.unwrap();
+    // A fresh session: the pool's may have been killed last.
+    let mut admin = h.admin().await;
+    let stuck: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM idem_records WHERE state = 'PROCESSING'")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(stuck, 0);
+    assert!(kills.load(Ordering::Relaxed) > 0, "the fault was injected");
+    eprintln!(
+        "killed sessions: {} kills, {} retries on another connection, {} unavailable answers",
+        kills.load(Ordering::Relaxed),
+        store.connection_retries(),
+        unavailable.load(Ordering::Relaxed)
+    );
+}
