@@ -199,6 +199,12 @@ pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError>
     let phase = options.phase;
     let tempdir = tempfile::tempdir()?;
     let (url, database) = match &options.database_url {
+        Some(url) if Backend::of_url(url)? == Backend::Mysql => {
+            return Err(BenchError::Setup(
+                "bench http cleans up after itself on sqlite://, postgres:// and redis:// only"
+                    .into(),
+            ))
+        }
         Some(url) => (url.clone(), redact(url)),
         None => (
             format!("sqlite://{}", tempdir.path().join("bench.db").display()),
@@ -244,7 +250,7 @@ pub async fn bench(options: BenchOptions) -> Result<HttpBenchReport, BenchError>
 /// Removes what the run wrote outside a temporary file: its schema or its key prefix.
 async fn clean_up(store: &Store, url: &str, open: &OpenOptions) -> Result<(), BenchError> {
     match store.backend() {
-        Backend::Sqlite => Ok(()),
+        Backend::Sqlite | Backend::Mysql => Ok(()),
         Backend::Postgres => {
             let pg = store.sql().and_then(idem_sql::SqlStore::postgres);
             if let (Some(pg), Some(schema)) = (pg, &open.pg_schema) {

@@ -2,18 +2,19 @@
 //!
 //! # What this crate owns
 //! - Telling backends apart by URL ([`Backend::of_url`]: `sqlite:…`, `postgres://` /
-//!   `postgresql://`, `redis://` / `rediss://`) and the form of a URL fit for messages
-//!   ([`redact`]).
+//!   `postgresql://`, `redis://` / `rediss://`, and with the `mysql` feature `mysql://` /
+//!   `mariadb://`) and the form of a URL fit for messages ([`redact`]).
 //! - [`Store::open`]: connects, applies the store's migrations, and hands out the roles
 //!   the store plays — records ([`IdempotencyStore`]), leases ([`LeaseStore`]),
 //!   retention ([`RetentionStore`], SQL stores only) and the archive ([`ArchiveLookup`],
 //!   SQL stores only) — as trait objects.
 //! - The arrival timeline ([`ArrivalLog`], [`arrivals`]): what the layer decided for each
 //!   request of a key, recorded off the request path into the SQL store's own tables.
-//! - [`SqlStore`], SQLite or PostgreSQL: a [`Transaction`] over either backend's own,
-//!   claiming and finishing inside it, the fenced write, and statements written once in
-//!   the dialect both accept (`$n` parameters, [`sql`]) run through [`Conn`] and read
-//!   back as [`Row`]s.
+//! - [`SqlStore`], SQLite, PostgreSQL or (feature `mysql`) MySQL/MariaDB: a
+//!   [`Transaction`] over each backend's own, claiming and finishing inside it, the
+//!   fenced write, and statements written once with `$n` parameters ([`sql`]; rewritten
+//!   to MySQL's `?` with their arguments in order) run through [`Conn`] and read back as
+//!   [`Row`]s.
 //!
 //! Other crates open stores here and never match on the backend themselves.
 //!
@@ -38,7 +39,9 @@ use idem_core::{
 use idem_redis::{RedisOptions, RedisStore};
 
 pub use arrivals::{ArrivalLog, ArrivalOptions, KeyArrivals};
-pub use sql::{sql, Arg, Conn, IntoArg, PoolConn, Row, Sql, SqlStore, Transaction};
+pub use sql::{
+    mysql_placeholders, sql, Arg, Conn, IntoArg, PoolConn, Row, Sql, SqlStore, Transaction,
+};
 
 /// The default store: the embedded file, relative to the working directory.
 pub const DEFAULT_URL: &str = "sqlite://./idem-data/idem.db";
@@ -49,7 +52,16 @@ pub enum Backend {
     Sqlite,
     Postgres,
     Redis,
+    /// MySQL 8 or MariaDB 10.11 (`mysql://`, `mariadb://`).
+    #[cfg(feature = "mysql")]
+    Mysql,
 }
+
+/// What `of_url` tells a caller it accepts.
+#[cfg(feature = "mysql")]
+const EXPECTED: &str = "sqlite://PATH, postgres://…, mysql://… (or mariadb://…) or redis://…";
+#[cfg(not(feature = "mysql"))]
+const EXPECTED: &str = "sqlite://PATH, postgres://… or redis://…";
 
 impl Backend {
     pub fn of_url(url: &str) -> Result<Self, StoreError> {
@@ -60,19 +72,25 @@ impl Backend {
         } else if url.starts_with("redis://") || url.starts_with("rediss://") {
             Ok(Backend::Redis)
         } else {
+            #[cfg(feature = "mysql")]
+            if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+                return Ok(Backend::Mysql);
+            }
             Err(StoreError::InvalidInput(format!(
-                "unsupported database URL {:?}: expected sqlite://PATH, postgres://… or redis://…",
+                "unsupported database URL {:?}: expected {EXPECTED}",
                 redact(url)
             )))
         }
     }
 
-    /// `sqlite`, `postgres` or `redis`: what the stores' `backend()` answer.
+    /// `sqlite`, `postgres`, `redis` or `mysql`: what the stores' `backend()` answer.
     pub fn as_str(self) -> &'static str {
         match self {
             Backend::Sqlite => "sqlite",
             Backend::Postgres => "postgres",
             Backend::Redis => "redis",
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => "mysql",
         }
     }
 }
@@ -92,8 +110,12 @@ pub fn redact(url: &str) -> String {
             match creds.split_once(':') {
                 Some((user, _)) => format!("{scheme}://{user}:***@{}", &url[at + 1..]),
                 // A lone user part is a token for NATS, Redis and HTTP (`nats://TOKEN@h`);
-                // for PostgreSQL it is the user name.
-                None if !matches!(scheme, "postgres" | "postgresql" | "sqlite") => {
+                // for PostgreSQL and MySQL it is the user name.
+                None if !matches!(
+                    scheme,
+                    "postgres" | "postgresql" | "sqlite" | "mysql" | "mariadb"
+                ) =>
+                {
                     format!("{scheme}://***@{}", &url[at + 1..])
                 }
                 None => url.to_string(),
@@ -120,6 +142,11 @@ pub struct OpenOptions {
     pub pg_idle_in_transaction_timeout: Option<std::time::Duration>,
     /// Redis key prefix; `None`: the store's default.
     pub redis_prefix: Option<String>,
+    /// MySQL/MariaDB pool size; `None`: the store's default.
+    pub mysql_max_connections: Option<u32>,
+    /// MySQL/MariaDB `innodb_lock_wait_timeout` of the sessions (whole seconds); `None`:
+    /// the store's default (5 s).
+    pub mysql_lock_wait_timeout: Option<std::time::Duration>,
     /// Shift of the store clock; tests only.
     pub clock: ClockShift,
 }
@@ -145,7 +172,7 @@ impl fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens the store `url` names; SQLite and PostgreSQL apply pending migrations.
+    /// Opens the store `url` names; the SQL stores apply pending migrations.
     pub async fn open(url: &str, options: &OpenOptions) -> Result<Self, StoreError> {
         if Backend::of_url(url)? != Backend::Redis {
             return Ok(SqlStore::open(url, options).await?.into());
@@ -187,7 +214,7 @@ impl Store {
         self.sql().map(SqlStore::retention)
     }
 
-    /// The archive of a store that keeps one (SQLite, PostgreSQL); Redis only expires.
+    /// The archive of a store that keeps one (the SQL stores); Redis only expires.
     pub fn archive(&self) -> Option<Arc<dyn ArchiveLookup>> {
         self.sql().map(SqlStore::archive)
     }
@@ -237,7 +264,7 @@ mod tests {
             Backend::Postgres
         );
         assert_eq!(Backend::of_url("rediss://h").unwrap(), Backend::Redis);
-        let err = Backend::of_url("mysql://u:secret@h/db").unwrap_err();
+        let err = Backend::of_url("oracle://u:secret@h/db").unwrap_err();
         assert!(
             err.to_string().contains("unsupported database URL"),
             "{err}"
@@ -245,8 +272,30 @@ mod tests {
         assert!(!err.to_string().contains("secret"), "{err}");
     }
 
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_and_mariadb_urls() {
+        assert_eq!(Backend::of_url("mysql://u@h/db").unwrap(), Backend::Mysql);
+        assert_eq!(Backend::of_url("mariadb://u@h/db").unwrap(), Backend::Mysql);
+        assert_eq!(Backend::Mysql.as_str(), "mysql");
+        let err = Backend::of_url("mysqlx://u:secret@h/db").unwrap_err();
+        assert!(err.to_string().contains("mysql://"), "{err}");
+    }
+
+    #[cfg(not(feature = "mysql"))]
+    #[test]
+    fn mysql_needs_its_feature() {
+        assert!(Backend::of_url("mysql://u@h/db").is_err());
+    }
+
     #[test]
     fn redaction() {
+        assert_eq!(
+            redact("mysql://root:pw@127.0.0.1:3306/test"),
+            "mysql://root:***@127.0.0.1:3306/test"
+        );
+        assert_eq!(redact("mariadb://u@h/db"), "mariadb://u@h/db");
+        assert_eq!(redact("mysql://u:p@ss@h/db"), "mysql://u:***@h/db");
         assert_eq!(
             redact("postgres://u:pw@h:5432/db"),
             "postgres://u:***@h:5432/db"

@@ -87,7 +87,7 @@ fn bad_input_is_a_clear_error() {
     let out = idem(&url, &["keys", "show", "has space", "--tenant", "t"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("idempotency key"));
-    let out = idem("mysql://x", &["drill"]);
+    let out = idem("mongodb://x", &["drill"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported database URL"));
     let out = idem(&url, &["drill", "--duplicates", "0"]);
@@ -526,7 +526,7 @@ fn logs_follow_the_filter_variables_and_carry_no_escape_codes_off_a_terminal() {
 
 #[test]
 fn under_json_a_failure_is_a_json_error_too() {
-    let out = idem("mysql://nowhere/db", &["drill", "--json"]);
+    let out = idem("mongodb://nowhere/db", &["drill", "--json"]);
     assert_eq!(out.status.code(), Some(2));
     let v = json(&out);
     assert_eq!(v["error"]["kind"], "invalid_input", "{v}");
@@ -535,7 +535,7 @@ fn under_json_a_failure_is_a_json_error_too() {
         .unwrap()
         .contains("unsupported database URL"));
     // Without --json: the line on stderr only.
-    let out = idem("mysql://nowhere/db", &["drill"]);
+    let out = idem("mongodb://nowhere/db", &["drill"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));

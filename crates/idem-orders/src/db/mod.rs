@@ -107,6 +107,15 @@ impl Database {
 
     /// The service's database over an opened store: applies the ledgers' migrations.
     pub async fn with_ledgers(store: SqlStore) -> Result<Self, Error> {
+        // The ledgers' statements are written in the dialect SQLite and PostgreSQL share
+        // (`ON CONFLICT`, `RETURNING`): refused before anything is written.
+        if store.backend() == idem_sql::Backend::Mysql {
+            return Err(Error::InvalidInput(
+                "the order service's ledgers run on SQLite and PostgreSQL; a MySQL/MariaDB \
+                 database holds idem's own store (idem keys, lock, sweep, console)"
+                    .into(),
+            ));
+        }
         let db = Self { store };
         db.migrate().await?;
         Ok(db)

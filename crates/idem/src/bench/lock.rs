@@ -17,6 +17,7 @@ use super::baseline::{
     drop_bench_schema, pg_bench_pool, redis_connection, sqlite_pool_after_ddl, unlink_prefix,
 };
 use super::load::{drive, phase, Load, Phase};
+use super::store::NO_MYSQL_BASELINE;
 use crate::open::bench_url;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -179,6 +180,9 @@ async fn targets(
     let run = uuid::Uuid::now_v7().simple();
     let schema = format!("idem_bench_lock_{run}");
     let prefix = format!("idem-bench-lock-{run}");
+    if Backend::of_url(url)? == Backend::Mysql {
+        return Err(StoreError::InvalidInput(NO_MYSQL_BASELINE.into()));
+    }
     let (url, tmp) = bench_url(url, "bench.db")?;
     let store = Store::open(&url, &{
         let mut o = OpenOptions::default();
@@ -207,6 +211,7 @@ async fn targets(
             .map_err(raw)?;
             Arc::new(PgRaw { pool, schema })
         }
+        Backend::Mysql => return Err(StoreError::InvalidInput(NO_MYSQL_BASELINE.into())),
         Backend::Redis => {
             let conn = redis_connection(&url).await?;
             let release = redis::Script::new(
