@@ -24,6 +24,7 @@
 //! [`idem_core::LeaseError`]); statements answer `sqlx::Error`, which callers classify as
 //! they would with sqlx itself.
 
+mod inspect;
 mod sql;
 
 use std::fmt;
