@@ -232,3 +232,70 @@ impl crate::Store {
         self.sql().map(SqlStore::inspect)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use idem_core::{ClaimRequest, Fingerprint, IdempotencyKey, OwnerId, Principal, Scope};
+
+    use super::*;
+
+    fn claim(key: &str) -> ClaimRequest {
+        ClaimRequest {
+            scope: Scope::new(
+                TenantId::new("t1").unwrap(),
+                IdempotencyKey::new(key).unwrap(),
+            ),
+            principal: Principal::new("p").unwrap(),
+            fingerprint: Fingerprint::of_bytes(key.as_bytes()),
+            owner: OwnerId::new("worker").unwrap(),
+            lease: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn counts_prefixes_and_overdue_leases_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqlStore::open_sqlite_path(dir.path().join("inspect.db"))
+            .await
+            .unwrap();
+        for key in ["ab-1", "ab-2", "AB-3", "zz"] {
+            store.records().claim(&claim(key)).await.unwrap();
+        }
+        let inspect = store.inspect();
+        let counts = inspect.counts_by_state().await.unwrap();
+        assert_eq!(counts.len(), RecordState::ALL.len());
+        assert!(counts.contains(&(RecordState::Processing, 4)), "{counts:?}");
+        assert!(counts.contains(&(RecordState::Succeeded, 0)), "{counts:?}");
+
+        let t1 = TenantId::new("t1").unwrap();
+        // Case-sensitive, bounded, by key.
+        let found = inspect.by_key_prefix(&t1, "ab-", 10).await.unwrap();
+        let keys: Vec<&str> = found.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["ab-1", "ab-2"]);
+        assert_eq!(inspect.by_key_prefix(&t1, "ab-", 1).await.unwrap().len(), 1);
+        let other = TenantId::new("t2").unwrap();
+        assert!(inspect
+            .by_key_prefix(&other, "ab", 10)
+            .await
+            .unwrap()
+            .is_empty());
+
+        // Judged by the store's clock: nothing overdue now, all four a little later.
+        let now = inspect.now().await.unwrap();
+        assert_eq!(
+            inspect.processing_past_lease(now, 10).await.unwrap().count,
+            0
+        );
+        let later = inspect.processing_past_lease(now + 2_000, 2).await.unwrap();
+        assert_eq!((later.count, later.first.len()), (4, 2));
+        assert_eq!(later.first[0].state, RecordState::Processing);
+
+        assert!(inspect
+            .by_result_ref(&t1, "/v1/none", 10)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+}
