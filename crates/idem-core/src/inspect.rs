@@ -70,6 +70,56 @@ pub trait Inspect: Send + Sync + 'static {
     ) -> Result<Vec<RecordSummary>, StoreError>;
 }
 
+/// The inspection of a store that keeps no index to scan (Redis): every question is
+/// answered with [`not_supported`].
+#[derive(Debug, Clone)]
+pub struct NotSupported {
+    backend: &'static str,
+}
+
+impl NotSupported {
+    pub fn new(backend: &'static str) -> Self {
+        Self { backend }
+    }
+}
+
+#[async_trait]
+impl Inspect for NotSupported {
+    async fn now(&self) -> Result<Millis, StoreError> {
+        Err(not_supported(self.backend))
+    }
+
+    async fn counts_by_state(&self) -> Result<Vec<(RecordState, i64)>, StoreError> {
+        Err(not_supported(self.backend))
+    }
+
+    async fn processing_past_lease(
+        &self,
+        _now: Millis,
+        _limit: usize,
+    ) -> Result<PastLease, StoreError> {
+        Err(not_supported(self.backend))
+    }
+
+    async fn by_key_prefix(
+        &self,
+        _tenant: &TenantId,
+        _prefix: &str,
+        _limit: usize,
+    ) -> Result<Vec<RecordSummary>, StoreError> {
+        Err(not_supported(self.backend))
+    }
+
+    async fn by_result_ref(
+        &self,
+        _tenant: &TenantId,
+        _result_ref: &str,
+        _limit: usize,
+    ) -> Result<Vec<RecordSummary>, StoreError> {
+        Err(not_supported(self.backend))
+    }
+}
+
 /// The error of a store that cannot answer an inspection.
 pub fn not_supported(backend: &str) -> StoreError {
     StoreError::InvalidInput(format!(

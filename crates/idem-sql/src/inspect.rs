@@ -226,10 +226,13 @@ impl SqlStore {
 }
 
 impl crate::Store {
-    /// The records as an operator reads them; `None` for Redis, which keeps no index
-    /// to scan.
-    pub fn inspect(&self) -> Option<Arc<dyn Inspect>> {
-        self.sql().map(SqlStore::inspect)
+    /// The records as an operator reads them. Redis keeps no index to scan: its
+    /// inspection answers "not supported by this store".
+    pub fn inspect(&self) -> Arc<dyn Inspect> {
+        match self.sql() {
+            Some(sql) => sql.inspect(),
+            None => Arc::new(idem_core::inspect::NotSupported::new("redis")),
+        }
     }
 }
 
