@@ -533,6 +533,57 @@ await step('log out', async () => {
   await screenshot('logged-out');
 });
 
+// The standalone console (`idem console`) on the same database, when the test started
+// one: a fresh browser context (cookies ignore ports), its own login, the key the
+// duplicates above made, and no page of the order service.
+const STANDALONE = (process.env.IDEM_STANDALONE_URL || '').replace(/\/+$/, '');
+if (STANDALONE) {
+  const at = (path) => `${STANDALONE}${path}`;
+  const go = async (path) => {
+    const response = await page.goto(at(path), { waitUntil: 'load' });
+    assert.ok(response && response.status() < 400, `GET ${at(path)} answered ${response && response.status()}`);
+  };
+  await step('standalone console: log in', async () => {
+    const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+    page = await context.newPage();
+    page.setDefaultTimeout(ACTION_MS);
+    page.setDefaultNavigationTimeout(NAVIGATION_MS);
+    await page.goto(at('/console/'), { waitUntil: 'load' });
+    assert.equal(new URL(page.url()).pathname, '/console/login', 'no session: the login page');
+    await (await labelled(page, 'Your name')).fill(OPERATOR);
+    await (await labelled(page, 'Admin token')).fill(ADMIN_TOKEN);
+    const response = await submit(page.getByRole('button', { name: 'Log in', exact: true }));
+    assert.ok(response.status() < 400, `the login answered ${response.status()}`);
+    assert.equal((await page.locator('h1').first().innerText()).trim(), 'Overview', '<h1> of /console/');
+    const nav = page.getByRole('navigation', { name: 'Console', exact: true });
+    for (const name of ['Overview', 'Search', 'Leases', 'Audit']) {
+      assert.ok((await nav.getByRole('link', { name, exact: true }).count()) >= 1, `nav link "${name}"`);
+    }
+    for (const name of ['Reconcile', 'Freezes']) {
+      assert.equal(await nav.getByRole('link', { name, exact: true }).count(), 0, `no nav link "${name}"`);
+    }
+    await screenshot('standalone-overview');
+  });
+  await step('standalone console: the key page', async () => {
+    await go(keyPage(KEY));
+    assert.equal((await text('#record-state')).trim(), 'succeeded', 'the record state');
+    assert.ok((await text('#stored-body')).includes(orderId), 'the stored body names the order');
+    await screenshot('standalone-key');
+  });
+  await step('standalone console: search by key prefix', async () => {
+    await go(`/console/search?by=key&q=${encodeURIComponent(KEY.slice(0, 12))}&tenant=${encodeURIComponent(TENANT)}`);
+    const link = page.locator(`#results a[href="${keyPage(KEY)}"]`);
+    assert.equal(await link.count(), 1, 'the key among the results');
+  });
+  await step('standalone console: leases, audit, log out', async () => {
+    await go('/console/leases');
+    await go('/console/audit');
+    assert.ok((await text('#audit')).includes(OPERATOR), 'the login in the audit');
+    await submit(page.getByRole('button', { name: 'Log out', exact: true }).first());
+    assert.equal(new URL(page.url()).pathname, '/console/login', 'logged out');
+  });
+}
+
 clearTimeout(watchdog);
 await browser.close();
 assert.deepEqual(dialogs, [], 'no dialog opened');

@@ -7,6 +7,7 @@
 
 pub mod arrival;
 pub mod fingerprint;
+pub mod inspect;
 pub mod key;
 pub mod lease;
 pub mod policy;
@@ -20,6 +21,7 @@ pub use arrival::{Arrival, ArrivalDecision, ArrivalSink};
 pub use fingerprint::{
     canonical_path, canonical_query, BodyError, Fingerprint, Fingerprinter, RequestParts,
 };
+pub use inspect::{Inspect, PastLease, RecordSummary};
 pub use key::{IdempotencyKey, Identity, KeyError, OwnerId, Principal, Scope, TenantId};
 pub use lease::{
     Acquire, Fenced, FencingToken, Lease, LeaseError, LeaseEvent, LeaseEventKind, LeaseName,

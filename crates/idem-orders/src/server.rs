@@ -38,7 +38,6 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, LEGACY_ROUTE};
 use crate::chain::{Chain, ChainHandle, ChainOptions, NatsOptions, TransportConfig};
-use crate::console::ConsoleState;
 use crate::db::{redact, Database, DatabaseOptions, DEFAULT_URL};
 use crate::error::Error;
 use crate::forwarded::TrustedProxies;
@@ -340,7 +339,7 @@ pub struct App {
     options: ServiceOptions,
     draining: Arc<std::sync::atomic::AtomicBool>,
     arrivals: Option<ArrivalLog>,
-    console: Arc<ConsoleState>,
+    console: idem_console::Console,
 }
 
 /// The idempotency layer's configuration for this service.
@@ -476,14 +475,18 @@ impl App {
             log.register(&mut registry);
             layer = layer.with_arrivals(Arc::new(log.clone()));
         }
-        let console = Arc::new(ConsoleState::new(
-            database.lease_store(),
-            database.store().archive(),
-            arrivals.clone(),
-            idem_metrics,
-            config.tls.is_some() || config.options.console_secure_cookie,
-            config.options.trusted_proxies.clone(),
-        ));
+        let console = crate::console::build(
+            &database,
+            &metrics,
+            crate::console::ConsoleConfig {
+                admin_token: admin_token.clone(),
+                arrivals: arrivals.clone(),
+                metrics: idem_metrics,
+                secure_cookie: config.tls.is_some() || config.options.console_secure_cookie,
+                proxies: config.options.trusted_proxies.clone(),
+            },
+        )
+        .await?;
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let state = AppState {
             orders: orders.clone(),
@@ -670,7 +673,7 @@ pub async fn bind(config: ServeConfig) -> Result<Server, Error> {
         app.options.metrics_refresh,
     ));
 
-    let sampler = tokio::spawn(crate::console::sample_rates(app.console.clone()));
+    let sampler = tokio::spawn(idem_console::sample_rates(app.console.clone()));
     let chain_handle = app.run_chain.then(|| app.chain.clone().spawn());
     let (stop, stopped) = watch::channel(false);
     let timeouts = app.options.timeouts;

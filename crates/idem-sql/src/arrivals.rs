@@ -607,6 +607,47 @@ impl KeyArrivals {
     }
 }
 
+/// A key that arrived, found by name (it may have no record: refused before one, or its
+/// record is gone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArrivedKey {
+    pub tenant: String,
+    pub key: String,
+    pub last_at: Millis,
+}
+
+/// Keys of `tenant` named exactly `key` that have a timeline, up to `limit`.
+pub async fn arrived_keys(
+    db: &SqlStore,
+    tenant: &str,
+    key: &str,
+    limit: usize,
+) -> Result<Vec<ArrivedKey>, StoreError> {
+    let mut conn = db.acquire().await.map_err(failed)?;
+    let rows = conn
+        .conn()
+        .all(
+            sql(
+                "SELECT tenant_id, idem_key, last_at FROM idem_arrival_keys \
+                 WHERE idem_key = $1 AND tenant_id = $2 LIMIT $3",
+            )
+            .bind(key)
+            .bind(tenant)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX)),
+        )
+        .await
+        .map_err(failed)?;
+    rows.iter()
+        .map(|r| {
+            Ok(ArrivedKey {
+                tenant: r.text("tenant_id").map_err(failed)?,
+                key: r.text("idem_key").map_err(failed)?,
+                last_at: r.int("last_at").map_err(failed)?,
+            })
+        })
+        .collect()
+}
+
 /// The timeline of `(tenant, key)`, if it had an arrival.
 pub async fn key_arrivals(
     db: &SqlStore,

@@ -28,6 +28,7 @@
 //! they would with sqlx itself.
 
 pub mod arrivals;
+mod inspect;
 mod sql;
 
 use std::fmt;

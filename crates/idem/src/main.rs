@@ -14,6 +14,7 @@ mod bench;
 mod chaos;
 mod cli;
 mod completions;
+mod console;
 mod demo;
 mod drill;
 mod freeze;
@@ -70,6 +71,10 @@ enum Command {
     Gateway(gateway::GatewayArgs),
     /// Run the ticketing order service (SQLite by default, or PostgreSQL).
     Serve(serve::ServeArgs),
+    /// Serve the operator console of any SQL store on its own (records, leases, audit),
+    /// without the order service. Needs the admin token (IDEM_ADMIN_TOKEN or
+    /// --admin-token-file).
+    Console(console::ConsoleArgs),
     /// Freeze the automatic chain for a scope (user:U, show:S or all).
     Freeze(freeze::FreezeArgs),
     /// Lift a freeze; queued work resumes.
@@ -136,6 +141,7 @@ async fn run(command: Command, url: &str, explicit_url: Option<String>) -> cli::
         Command::Keys(args) => keys::run(url, args).await,
         Command::Gateway(args) => gateway::run(args).await,
         Command::Serve(args) => serve::run(url, args).await,
+        Command::Console(args) => console::run(url, args).await,
         Command::Freeze(args) => freeze::freeze(url, args).await,
         Command::Unfreeze(args) => freeze::unfreeze(url, args).await,
         Command::Demo(args) => demo::run(explicit_url, args).await,

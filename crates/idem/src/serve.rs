@@ -214,7 +214,7 @@ fn secrets_in_config(text: &str) -> Vec<String> {
 
 /// Warns at start where others can read a secret: on the command line, or in a config
 /// file every user may read. Starting anyway keeps a running deployment running.
-fn warn_about_exposed_secrets(config: Option<&Path>) {
+pub(crate) fn warn_about_exposed_secrets(config: Option<&Path>) {
     let args: Vec<String> = std::env::args_os()
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
@@ -279,7 +279,16 @@ fn api_keys(args: &ServeArgs) -> Result<Vec<ApiKey>, StoreError> {
 }
 
 fn admin_token(args: &ServeArgs) -> Result<Option<String>, StoreError> {
-    match (&args.admin_token, &args.admin_token_file) {
+    read_admin_token(&args.admin_token, &args.admin_token_file)
+}
+
+/// The admin token from `--admin-token` / `IDEM_ADMIN_TOKEN` or `--admin-token-file`
+/// (its first line); giving both is refused. Shared by `serve` and `console`.
+pub(crate) fn read_admin_token(
+    token: &Option<String>,
+    file: &Option<PathBuf>,
+) -> Result<Option<String>, StoreError> {
+    match (token, file) {
         (Some(_), Some(_)) => Err(StoreError::InvalidInput(
             "give the admin token once: --admin-token (or IDEM_ADMIN_TOKEN) or \
              --admin-token-file"

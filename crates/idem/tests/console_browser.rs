@@ -1,5 +1,6 @@
 //! The operator console in a real browser: `idem serve` in its own process on a fresh
-//! database (SQLite, then PostgreSQL in a schema of its own), driven by
+//! database (SQLite, then PostgreSQL in a schema of its own), and the standalone `idem
+//! console` beside it on the same database, driven by
 //! `e2e/console/console.test.mjs` (Node with playwright-core, in the machine's Chromium).
 //!
 //! Needs Chromium (`IDEM_CHROMIUM`, else /usr/bin/chromium), `node` on the PATH and
@@ -255,7 +256,49 @@ impl Serve {
     }
 }
 
-/// Starts the server on `database_url` and runs the browser script against it.
+/// A running `idem console` (the standalone console) on the same database.
+struct Standalone {
+    _guard: Guard,
+    addr: String,
+}
+
+impl Standalone {
+    fn start(database_url: &str, admin_token: &str) -> Standalone {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(BIN);
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("IDEM_") {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.env("IDEM_LOG", "warn")
+            .env("IDEM_ADMIN_TOKEN", admin_token)
+            .args(["--database-url", database_url, "console", "--listen", &addr]);
+        let mut guard = Guard::spawn("idem console", cmd, false);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_status(&addr, "/console/login") != Some(200) {
+            if let Some(status) = guard.exited() {
+                panic!(
+                    "idem console exited ({status}) before it was ready:\n{}",
+                    tail(&guard.log, 4000)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "idem console: GET /console/login not 200 within 30 s:\n{}",
+                tail(&guard.log, 4000)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Standalone {
+            _guard: guard,
+            addr,
+        }
+    }
+}
+
+/// Starts the server and the standalone console on `database_url` and runs the browser
+/// script against both.
 fn run_console_e2e(tools: &Tools, backend: &str, database_url: &str) {
     let root = workspace_root();
     let artifacts = root.join("target/console-e2e").join(backend);
@@ -263,6 +306,7 @@ fn run_console_e2e(tools: &Tools, backend: &str, database_url: &str) {
     std::fs::create_dir_all(&artifacts).expect("artifacts directory");
 
     let mut serve = Serve::start(database_url);
+    let standalone = Standalone::start(database_url, &serve.admin_token);
     let mut cmd = Command::new(&tools.node);
     cmd.arg(&tools.script)
         .current_dir(&root)
@@ -274,7 +318,8 @@ fn run_console_e2e(tools: &Tools, backend: &str, database_url: &str) {
         .env("IDEM_DATABASE_URL", database_url)
         .env("IDEM_CHROMIUM", &tools.chromium)
         .env("IDEM_E2E_BACKEND", backend)
-        .env("IDEM_E2E_ARTIFACTS", &artifacts);
+        .env("IDEM_E2E_ARTIFACTS", &artifacts)
+        .env("IDEM_STANDALONE_URL", format!("http://{}", standalone.addr));
     let mut node = Guard::spawn("node e2e/console/console.test.mjs", cmd, true);
     let status = node.wait(NODE_LIMIT);
     let server_alive = serve.guard.exited().is_none();

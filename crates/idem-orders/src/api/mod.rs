@@ -56,6 +56,6 @@ pub use error::PROBLEM_TYPE_BASE;
 pub use idem_http::headers::REQUEST_ID;
 pub use router::LEGACY_ROUTE;
 
-pub(crate) use metrics::{processing_past_lease, refresh_state_gauges};
+pub(crate) use metrics::refresh_state_gauges;
 pub(crate) use router::{metrics_router, router};
 pub(crate) use state::AppState;

@@ -44,17 +44,18 @@ pub(crate) fn router(state: AppState, layer: IdempotencyLayer, legacy: bool) -> 
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi));
+    let console = crate::console::router(state.console.clone(), state.db(), &state.metrics);
     tenant_api
         .merge(admin)
         .merge(public)
-        .merge(crate::console::routes())
+        .with_state(state.clone())
+        .merge(console)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             read_body_in_time,
         ))
         .layer(middleware::from_fn(request_ids))
-        .with_state(state)
 }
 
 /// The routes of the separate metrics address: `/metrics` only, without credentials

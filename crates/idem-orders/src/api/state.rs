@@ -30,7 +30,7 @@ pub(crate) struct AppState {
     pub(crate) max_body: usize,
     /// Set once a shutdown began: `/readyz` answers 503 so balancers stop sending.
     pub(crate) draining: Arc<std::sync::atomic::AtomicBool>,
-    pub(crate) console: Arc<crate::console::ConsoleState>,
+    pub(crate) console: idem_console::Console,
 }
 
 impl AppState {
