@@ -347,7 +347,9 @@ async fn the_functions_check_their_arguments() {
 }
 
 /// Times claim+complete of fresh keys and replays through the functions and through the
-/// statement store, alternating rounds on one pool. Run with
+/// statement store, alternating rounds (and which goes first) on one pool: once with
+/// durable commits, once with `synchronous_commit = off` so the commit's disk flush does
+/// not hide the statements' own cost. Run with
 /// `cargo test -p idem-postgres --test functions_conformance -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "timing; prints ratios"]
@@ -355,52 +357,69 @@ async fn bench_functions_against_statements() {
     let Some(h) = common::harness().await else {
         return;
     };
-    let mut options = h.options();
-    options.max_connections = 2;
-    options.recent_capacity = 0; // both read through the same one-statement path
-    let pg = h.store_with(options).await;
-    let fns = FunctionStore::new(pg.clone());
-    let stores: [(&str, Arc<dyn IdempotencyStore>); 2] =
-        [("statements", Arc::new(pg)), ("functions", Arc::new(fns))];
-    let tenant = idem_conformance::fresh_tenant();
-    let per_round = 500;
-    let rounds = 6;
-    let mut totals = [[Duration::ZERO; 2]; 2]; // [store][claim+complete, replay]
-    for round in 0..rounds {
-        for (i, (name, store)) in stores.iter().enumerate() {
-            let keys: Vec<_> = (0..per_round)
-                .map(|n| request(&tenant, &format!("{name}-{round}-{n}"), "p", "o"))
-                .collect();
-            let start = Instant::now();
-            for req in &keys {
-                match store.claim(req).await.unwrap() {
-                    Claim::Proceed(token) => {
-                        store.complete(&token, result("r")).await.unwrap();
+    for synchronous_commit in ["on", "off"] {
+        let connect = h
+            .url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .expect("url")
+            .options([
+                ("search_path", h.schema.as_str()),
+                ("synchronous_commit", synchronous_commit),
+            ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(connect)
+            .await
+            .expect("connect");
+        let mut options = h.options();
+        options.recent_capacity = 0; // both claims read through one statement
+        let pg = idem_postgres::PgStore::from_pool(pool, options).expect("store");
+        let fns = FunctionStore::new(pg.clone());
+        let stores: [(&str, Arc<dyn IdempotencyStore>); 2] =
+            [("statements", Arc::new(pg)), ("functions", Arc::new(fns))];
+        let tenant = idem_conformance::fresh_tenant();
+        let per_round = 400;
+        let rounds = 7;
+        let mut totals = [[Duration::ZERO; 2]; 2]; // [store][claim+complete, replay]
+        for round in 0..rounds {
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for i in order {
+                let (name, store) = &stores[i];
+                let keys: Vec<_> = (0..per_round)
+                    .map(|n| request(&tenant, &format!("{name}-{round}-{n}"), "p", "o"))
+                    .collect();
+                let start = Instant::now();
+                for req in &keys {
+                    match store.claim(req).await.unwrap() {
+                        Claim::Proceed(token) => {
+                            store.complete(&token, result("r")).await.unwrap();
+                        }
+                        other => panic!("{other:?}"),
                     }
-                    other => panic!("{other:?}"),
+                }
+                let fresh = start.elapsed();
+                let start = Instant::now();
+                for req in &keys {
+                    assert!(matches!(store.claim(req).await.unwrap(), Claim::Replay(_)));
+                }
+                let replay = start.elapsed();
+                // The first round warms the pool and the plan caches.
+                if round > 0 {
+                    totals[i][0] += fresh;
+                    totals[i][1] += replay;
                 }
             }
-            let fresh = start.elapsed();
-            let start = Instant::now();
-            for req in &keys {
-                assert!(matches!(store.claim(req).await.unwrap(), Claim::Replay(_)));
-            }
-            let replay = start.elapsed();
-            // The first round warms the pool and the plan caches.
-            if round > 0 {
-                totals[i][0] += fresh;
-                totals[i][1] += replay;
-            }
         }
-    }
-    let n = (per_round * (rounds - 1)) as f64;
-    let us = |d: Duration| d.as_secs_f64() * 1e6 / n;
-    for (what, j) in [("claim+complete", 0), ("replay", 1)] {
-        println!(
-            "{what}: statements {:.0} us, functions {:.0} us, functions/statements {:.2}",
-            us(totals[0][j]),
-            us(totals[1][j]),
-            totals[1][j].as_secs_f64() / totals[0][j].as_secs_f64()
-        );
+        let n = (per_round * (rounds - 1)) as f64;
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / n;
+        for (what, j) in [("claim+complete", 0), ("replay", 1)] {
+            println!(
+                "synchronous_commit={synchronous_commit} {what}: statements {:.0} us, \
+                 functions {:.0} us, functions/statements {:.2}",
+                us(totals[0][j]),
+                us(totals[1][j]),
+                totals[1][j].as_secs_f64() / totals[0][j].as_secs_f64()
+            );
+        }
     }
 }
