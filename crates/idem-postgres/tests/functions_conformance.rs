@@ -423,3 +423,89 @@ async fn bench_functions_against_statements() {
         }
     }
 }
+
+/// The functions read their own schema's table whatever the caller's search_path: a
+/// decoy `idem_records` first on the path is never touched.
+#[tokio::test]
+async fn a_callers_search_path_does_not_redirect_the_functions() {
+    let Some(h) = common::harness().await else {
+        return;
+    };
+    let pool = client_pool(&h, 1).await;
+    let decoy = format!("{}_decoy", h.schema);
+    let mut conn = pool.acquire().await.expect("acquire");
+    conn.execute(AssertSqlSafe(format!(
+        "CREATE SCHEMA \"{decoy}\"; \
+         CREATE TABLE \"{decoy}\".idem_records (LIKE \"{s}\".idem_records INCLUDING ALL); \
+         SET search_path TO \"{decoy}\"",
+        s = h.schema
+    )))
+    .await
+    .expect("decoy");
+    let decision: String = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT decision FROM \"{}\".idem_claim('t', 'k', sha256('x'::bytea), 'p', 'o', 1000)",
+        h.schema
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .expect("claim");
+    assert_eq!(decision, "proceed");
+    let count = |schema: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+                "SELECT count(*) FROM \"{schema}\".idem_records"
+            )))
+            .fetch_one(&pool)
+            .await
+            .expect("count")
+        }
+    };
+    drop(conn);
+    assert_eq!(count(h.schema.clone()).await, 1);
+    assert_eq!(count(decoy.clone()).await, 0);
+    pool.execute(AssertSqlSafe(format!("DROP SCHEMA \"{decoy}\" CASCADE")))
+        .await
+        .expect("drop decoy");
+    pool.close().await;
+}
+
+/// `FunctionStore::claim_in_tx` / `finish_in_tx`: a rolled-back transaction leaves no
+/// record (the key is free again); a committed one replays.
+#[tokio::test]
+async fn the_transactional_form_commits_and_rolls_back_with_the_caller() {
+    let Some(h) = common::harness().await else {
+        return;
+    };
+    let store = FunctionStore::new(h.store().await);
+    let t = idem_conformance::fresh_tenant();
+    let req = request(&t, "k", "p", "a");
+    for commit in [false, true] {
+        let mut tx = store.pg().pool().begin().await.expect("begin");
+        let token = match store.claim_in_tx(&mut tx, &req).await.expect("claim") {
+            Claim::Proceed(token) => token,
+            other => panic!("commit={commit}: {other:?}"),
+        };
+        store
+            .finish_in_tx(
+                &mut tx,
+                &token,
+                idem_core::Finish {
+                    state: idem_core::RecordState::Succeeded,
+                    result: Some(result("o")),
+                },
+            )
+            .await
+            .expect("finish");
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("rollback");
+            assert_eq!(store.get(&req.scope).await.unwrap(), None);
+        }
+    }
+    match store.claim(&request(&t, "k", "p", "b")).await.unwrap() {
+        Claim::Replay(rec) => assert_eq!(rec.result, Some(result("o"))),
+        other => panic!("{other:?}"),
+    }
+}
