@@ -15,6 +15,9 @@
 //! - The transactional form ([`PgStore::claim_in_tx`], [`PgStore::finish_in_tx`]) for a
 //!   service whose business rows live in the same database: the record commits or rolls
 //!   back together with the business write (docs/DESIGN.md: two layers, commit costs).
+//! - The same key-state machine as SQL functions (`idem_claim`, `idem_finish`,
+//!   `idem_heartbeat`, migration 11) for services in any language, and [`FunctionStore`],
+//!   the Rust client of them (docs/SQL-API.md).
 //!
 //! # What it must not do
 //! - Read time from the caller: every deadline comes from the database clock
@@ -193,6 +196,13 @@ macro_rules! on_pooled_connection {
         }
     }};
 }
+
+// After the macro, which it uses.
+mod functions;
+pub use functions::{
+    FunctionStore, SQLSTATE_INVALID_ARGUMENT, SQLSTATE_NOT_SETTLED, SQLSTATE_RESULT_TOO_LARGE,
+    SQLSTATE_SUPERSEDED,
+};
 
 /// The PostgreSQL idempotency store. Cheap to clone (the pool is shared).
 #[derive(Clone)]

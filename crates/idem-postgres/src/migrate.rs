@@ -71,6 +71,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "idem_arrivals",
         sql: include_str!("../migrations/0010_arrivals.sql"),
     },
+    Migration {
+        version: 11,
+        name: "idem_functions",
+        // The key-state machine as SQL functions for clients in any language
+        // (docs/SQL-API.md).
+        sql: include_str!("../migrations/0011_functions.sql"),
+    },
 ];
 
 /// Constant first half of the advisory lock key, so idem's lock does not collide with
