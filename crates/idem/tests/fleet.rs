@@ -19,12 +19,22 @@ const TOKEN: &str = "fleet-secret-0001";
 const USER: &str = "U-fleet";
 
 /// One order under `key`; its status and order id (if any).
+/// Users the orders are spread over: the listing answers at most 1,000 orders a call, and
+/// a fast run makes more than that.
+const USERS: usize = 8;
+
+/// The user a key's order is for (the same on every retry of the key).
+fn user_of(key: &str) -> String {
+    let spread = key.bytes().map(usize::from).sum::<usize>() % USERS;
+    format!("{USER}-{spread}")
+}
+
 async fn order(c: &reqwest::Client, gw: &str, key: &str) -> (u16, Option<String>) {
     let r = c
         .post(format!("{gw}/v1/orders"))
         .bearer_auth(TOKEN)
         .header("idempotency-key", key)
-        .json(&json!({"user_id": USER, "show_id": "S-204", "quantity": 1}))
+        .json(&json!({"user_id": user_of(key), "show_id": "S-204", "quantity": 1}))
         .send()
         .await;
     match r {
@@ -224,21 +234,30 @@ async fn a_stopped_service_is_routed_around_and_each_key_makes_one_order() {
             }
         }
     }
-    let listed: Value = c
-        .get(format!("{live_url}/v1/orders?user_id={USER}&limit=1000"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
     let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for o in listed["orders"].as_array().unwrap() {
-        by_key
-            .entry(o["idempotency_key"].as_str().unwrap().to_string())
-            .or_default()
-            .push(o["order_id"].as_str().unwrap().to_string());
+    for user in 0..USERS {
+        let listed: Value = c
+            .get(format!(
+                "{live_url}/v1/orders?user_id={USER}-{user}&limit=1000"
+            ))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let orders = listed["orders"].as_array().unwrap();
+        assert!(
+            orders.len() < 1000,
+            "user {user}: a full page, orders may be missing"
+        );
+        for o in orders {
+            by_key
+                .entry(o["idempotency_key"].as_str().unwrap().to_string())
+                .or_default()
+                .push(o["order_id"].as_str().unwrap().to_string());
+        }
     }
     assert_eq!(by_key.len(), keys.len(), "one order per key, no other");
     for a in &keys {
