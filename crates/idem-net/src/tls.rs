@@ -159,6 +159,41 @@ pub fn client_config(ca_file: Option<&Path>, http: bool) -> Result<Arc<ClientCon
 }
 
 /// The TLS step a connection failure came from, in words, when it came from TLS:
+/// The first file a connection URL's query names under one of `params` (a CA file,
+/// percent-decoded) that cannot be opened, with why. Drivers read such a file only at the
+/// first connection and then do not name it; a store checks it when it is configured.
+pub fn unreadable_url_file(url: &str, params: &[&str]) -> Option<(String, std::io::Error)> {
+    let (_, query) = url.split_once('?')?;
+    query.split('&').find_map(|pair| {
+        let (name, value) = pair.split_once('=')?;
+        if !params.contains(&name) {
+            return None;
+        }
+        let path = percent_decode(value);
+        std::fs::File::open(&path).err().map(|e| (path, e))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// certificate verification (with what to do about it) or the handshake.
 pub fn describe_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut cur = Some(err);

@@ -122,40 +122,12 @@ impl Default for PgOptions {
 /// A `sslrootcert` the URL names must be readable: the driver would only say "No such
 /// file or directory" at the first connection, without the path.
 fn check_root_cert(url: &str) -> Result<(), StoreError> {
-    let Some((_, query)) = url.split_once('?') else {
-        return Ok(());
-    };
-    for pair in query.split('&') {
-        if let Some(path) = pair.strip_prefix("sslrootcert=") {
-            let path = percent_decode(path);
-            if let Err(e) = std::fs::File::open(&path) {
-                return Err(StoreError::InvalidInput(format!(
-                    "reading the PostgreSQL sslrootcert {path}: {e}"
-                )));
-            }
-        }
+    match idem_net::tls::unreadable_url_file(url, &["sslrootcert"]) {
+        Some((path, e)) => Err(StoreError::InvalidInput(format!(
+            "reading the PostgreSQL sslrootcert {path}: {e}"
+        ))),
+        None => Ok(()),
     }
-    Ok(())
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1), bytes.get(i + 2)) {
-            (b'%', Some(&h), Some(&l)) if hex(h).is_some() && hex(l).is_some() => {
-                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Schema names are spliced into DDL and `search_path`, so only plain lower-case
