@@ -21,7 +21,10 @@ fn python_orders_self_check() {
         idem_conformance::skip_or_fail("PostgreSQL", &e);
         return;
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/python-orders/self-check");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/python-orders/self-check"
+    );
     let out = Command::new(script)
         .env("IDEM_BIN", env!("CARGO_BIN_EXE_idem"))
         .env("IDEM_TEST_POSTGRES_URL", &url)
@@ -36,14 +39,22 @@ fn python_orders_self_check() {
         idem_conformance::skip_or_fail("Python venv with its packages", &stderr.trim());
         return;
     }
-    assert!(out.status.success(), "self-check failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "self-check failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
 
 /// `host:port` of a `postgres://` URL (the default port when none is given).
 fn postgres_addr(url: &str) -> String {
     let rest = url.split("://").nth(1).unwrap_or("");
-    let host = rest.rsplit('@').next().unwrap_or("").split(['/', '?']).next();
+    let host = rest
+        .rsplit('@')
+        .next()
+        .unwrap_or("")
+        .split(['/', '?'])
+        .next();
     match host {
         Some(h) if h.contains(':') => h.to_string(),
         Some(h) if !h.is_empty() => format!("{h}:5432"),
