@@ -232,6 +232,151 @@ impl Baseline for PgBaseline {
     }
 }
 
+/// The current time in epoch milliseconds on MySQL/MariaDB (sessions of UTC or not:
+/// `UNIX_TIMESTAMP` of `NOW` is zone-free).
+pub(crate) const MYSQL_NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)";
+
+/// A database of a bench's own on a MySQL/MariaDB server (MySQL's schemas are
+/// databases): created next to the one the URL names, with the raw driver's pool of 32
+/// on it; `drop` removes it with everything in it, idem's tables included.
+pub(crate) struct MysqlBenchDb {
+    pub pool: sqlx::MySqlPool,
+    /// The URL of the bench's database, for idem's store.
+    pub url: String,
+    name: String,
+}
+
+impl MysqlBenchDb {
+    pub async fn create(url: &str, name: &str) -> Result<Self, StoreError> {
+        use sqlx::{ConnectOptions, Connection};
+        use std::str::FromStr;
+        let driver = url.replacen("mariadb://", "mysql://", 1);
+        let options = sqlx::mysql::MySqlConnectOptions::from_str(&driver)
+            .map_err(|e| StoreError::InvalidInput(format!("database URL: {e}")))?;
+        let mut conn = options
+            .connect()
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .execute(&mut conn)
+            .await
+            .map_err(raw)?;
+        conn.close().await.map_err(raw)?;
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(32)
+            .acquire_timeout(Duration::from_secs(5))
+            .test_before_acquire(false)
+            .connect_with(options.database(name))
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        Ok(Self {
+            pool,
+            url: with_database(url, name)?,
+            name: name.to_string(),
+        })
+    }
+
+    pub async fn drop(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS `{}`",
+            self.name
+        )))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| StoreError::Backend(format!("drop bench database {}: {e}", self.name)))?;
+        Ok(())
+    }
+}
+
+/// `url` naming the database `db` instead of its own (query parameters kept).
+fn with_database(url: &str, db: &str) -> Result<String, StoreError> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let authority = base
+        .find("://")
+        .map(|i| i + 3)
+        .ok_or_else(|| StoreError::InvalidInput("database URL without a scheme".into()))?;
+    let path = base[authority..]
+        .find('/')
+        .map_or(base.len(), |i| authority + i);
+    Ok(match query {
+        Some(q) => format!("{}/{db}?{q}", &base[..path]),
+        None => format!("{}/{db}", &base[..path]),
+    })
+}
+
+/// MySQL/MariaDB baseline: `INSERT … ON DUPLICATE KEY UPDATE` that changes nothing,
+/// then `UPDATE`, on a table of the same shape (`LIKE idem_records`) in the bench's own
+/// database with a pool of 32. `cleanup` drops the database.
+pub struct MysqlBaseline {
+    db: MysqlBenchDb,
+}
+
+impl MysqlBaseline {
+    pub(crate) async fn new(db: MysqlBenchDb) -> Result<Self, StoreError> {
+        sqlx::query("CREATE TABLE IF NOT EXISTS idem_bench_naive LIKE idem_records")
+            .execute(&db.pool)
+            .await
+            .map_err(raw)?;
+        Ok(Self { db })
+    }
+}
+
+#[async_trait]
+impl Baseline for MysqlBaseline {
+    fn describe(&self) -> &'static str {
+        "sqlx: INSERT ... ON DUPLICATE KEY UPDATE (no change), then UPDATE (same table shape, pool of 32)"
+    }
+
+    fn describe_replay(&self) -> &'static str {
+        "sqlx: SELECT * by (tenant_id, key) (same table shape, pool of 32)"
+    }
+
+    async fn claim_complete(&self, tenant: &str, key: &str, body: &[u8]) -> Result<(), StoreError> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO idem_bench_naive (tenant_id, `key`, principal, fingerprint, state, version, owner, \
+             lease_expires_at, attempts, created_at, updated_at) VALUES (?, ?, 'bench', ?, 'PROCESSING', 1, \
+             'bench', {MYSQL_NOW} + 30000, 1, {MYSQL_NOW}, {MYSQL_NOW}) \
+             ON DUPLICATE KEY UPDATE tenant_id = tenant_id"
+        )))
+        .bind(tenant)
+        .bind(key)
+        .bind(&Fingerprint::of_bytes(b"bench-payload").as_bytes()[..])
+        .execute(&self.db.pool)
+        .await
+        .map_err(raw)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE idem_bench_naive SET state = 'SUCCEEDED', version = version + 1, lease_expires_at = NULL, \
+             result_status = 201, result_headers = '[[\"content-type\",\"application/json\"]]', result_body = ?, \
+             result_ref = 'ord_0192f0c0bench', updated_at = {MYSQL_NOW}, completed_at = {MYSQL_NOW} \
+             WHERE tenant_id = ? AND `key` = ?"
+        )))
+        .bind(body)
+        .bind(tenant)
+        .bind(key)
+        .execute(&self.db.pool)
+        .await
+        .map_err(raw)?;
+        Ok(())
+    }
+
+    async fn replay(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        sqlx::query("SELECT * FROM idem_bench_naive WHERE tenant_id = ? AND `key` = ?")
+            .bind(tenant)
+            .bind(key)
+            .fetch_one(&self.db.pool)
+            .await
+            .map_err(raw)?;
+        Ok(())
+    }
+
+    async fn cleanup(&self) -> Result<(), StoreError> {
+        self.db.drop().await
+    }
+}
+
 /// Redis baseline: `SET NX PX` then `SET PX` with the result; replay is a `GET`.
 pub struct RedisBaseline {
     conn: redis::aio::ConnectionManager,

@@ -15,9 +15,9 @@ use serde::Serialize;
 
 use super::baseline::{
     drop_bench_schema, pg_bench_pool, redis_connection, sqlite_pool_after_ddl, unlink_prefix,
+    MysqlBenchDb, MYSQL_NOW,
 };
 use super::load::{drive, phase, Load, Phase};
-use super::store::NO_MYSQL_BASELINE;
 use crate::open::bench_url;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -114,6 +114,60 @@ impl RawLock for PgRaw {
     }
 }
 
+const MYSQL_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_bench_locks (\
+    name VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin PRIMARY KEY, \
+    owner VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, token BIGINT NOT NULL, \
+    expires_at BIGINT NOT NULL) ENGINE = InnoDB";
+
+/// The classic lock row on MySQL/MariaDB, in one round trip each way: the upsert takes
+/// an expired lock and hands the token back in the OK packet (`LAST_INSERT_ID(expr)`),
+/// the release compares owner and token.
+struct MysqlRaw(MysqlBenchDb);
+
+#[async_trait]
+impl RawLock for MysqlRaw {
+    fn describe(&self) -> &'static str {
+        "sqlx: INSERT … ON DUPLICATE KEY UPDATE taking an expired lock (token by LAST_INSERT_ID), then UPDATE … WHERE owner AND token"
+    }
+
+    async fn cycle(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        // Assignments run left to right: `expires_at` is read before it is moved.
+        let taken = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO idem_bench_locks (name, owner, token, expires_at) \
+             VALUES (?, ?, LAST_INSERT_ID(1), {MYSQL_NOW} + 30000) ON DUPLICATE KEY UPDATE \
+             owner = IF(expires_at <= {MYSQL_NOW}, VALUES(owner), owner), \
+             token = IF(expires_at <= {MYSQL_NOW}, LAST_INSERT_ID(token + 1), token), \
+             expires_at = IF(expires_at <= {MYSQL_NOW}, {MYSQL_NOW} + 30000, expires_at)"
+        )))
+        .bind(name)
+        .bind(owner)
+        .execute(&self.0.pool)
+        .await
+        .map_err(raw)?;
+        if taken.rows_affected() == 0 {
+            return Err(StoreError::Backend(format!("raw lock {name} was held")));
+        }
+        let released = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE idem_bench_locks SET expires_at = {MYSQL_NOW} \
+             WHERE name = ? AND owner = ? AND token = ?"
+        )))
+        .bind(name)
+        .bind(owner)
+        .bind(taken.last_insert_id())
+        .execute(&self.0.pool)
+        .await
+        .map_err(raw)?;
+        if released.rows_affected() != 1 {
+            return Err(StoreError::Backend(format!("raw lock {name}: not holder")));
+        }
+        Ok(())
+    }
+
+    async fn cleanup(&self) -> Result<(), StoreError> {
+        self.0.drop().await
+    }
+}
+
 struct RedisRaw {
     conn: redis::aio::ConnectionManager,
     prefix: String,
@@ -180,14 +234,18 @@ async fn targets(
     let run = uuid::Uuid::now_v7().simple();
     let schema = format!("idem_bench_lock_{run}");
     let prefix = format!("idem-bench-lock-{run}");
-    if Backend::of_url(url)? == Backend::Mysql {
-        return Err(StoreError::InvalidInput(NO_MYSQL_BASELINE.into()));
-    }
+    // MySQL: a database of the bench's own, where both sides' tables go.
+    let mut mysql = match Backend::of_url(url)? {
+        Backend::Mysql => Some(MysqlBenchDb::create(url, &schema).await?),
+        _ => None,
+    };
+    let url = mysql.as_ref().map_or(url, |db| db.url.as_str());
     let (url, tmp) = bench_url(url, "bench.db")?;
     let store = Store::open(&url, &{
         let mut o = OpenOptions::default();
         o.pg_schema = Some(schema.clone());
         o.pg_max_connections = Some(32);
+        o.mysql_max_connections = Some(32);
         o.redis_prefix = Some(prefix.clone());
         o
     })
@@ -211,7 +269,14 @@ async fn targets(
             .map_err(raw)?;
             Arc::new(PgRaw { pool, schema })
         }
-        Backend::Mysql => return Err(StoreError::InvalidInput(NO_MYSQL_BASELINE.into())),
+        Backend::Mysql => {
+            let db = mysql.take().expect("made above");
+            sqlx::query(sqlx::AssertSqlSafe(MYSQL_TABLE))
+                .execute(&db.pool)
+                .await
+                .map_err(raw)?;
+            Arc::new(MysqlRaw(db))
+        }
         Backend::Redis => {
             let conn = redis_connection(&url).await?;
             let release = redis::Script::new(

@@ -18,7 +18,9 @@ use idem_sql::{Backend, OpenOptions, SqlStore, Store};
 use idem_sqlite::SqliteOptions;
 use serde::Serialize;
 
-use super::baseline::{raw, Baseline, PgBaseline, RedisBaseline, SqliteBaseline, PG_NOW};
+use super::baseline::{
+    raw, Baseline, MysqlBaseline, MysqlBenchDb, PgBaseline, RedisBaseline, SqliteBaseline, PG_NOW,
+};
 use super::load::{collect, drive, phase, Load, Phase};
 use crate::open::bench_url;
 
@@ -74,23 +76,23 @@ pub struct BenchTargets {
 /// opened in a schema (PostgreSQL) or under a key prefix (Redis) of its own; without an
 /// explicit URL the embedded store runs in a temporary directory, kept until the
 /// returned targets drop.
-/// The store and lock benches compare with each backend's raw driver; MySQL has none yet.
-pub(crate) const NO_MYSQL_BASELINE: &str =
-    "this bench has no MySQL baseline yet: run it on sqlite://, postgres:// or redis://";
-
 pub async fn open_bench(url: &str) -> Result<BenchTargets, StoreError> {
     let run = uuid::Uuid::now_v7().simple();
     let schema = format!("idem_bench_{run}");
     let prefix = format!("idem-bench-{run}");
-    if Backend::of_url(url)? == Backend::Mysql {
-        return Err(StoreError::InvalidInput(NO_MYSQL_BASELINE.into()));
-    }
+    // MySQL: a database of the bench's own, where both sides' tables go.
+    let mysql = match Backend::of_url(url)? {
+        Backend::Mysql => Some(MysqlBenchDb::create(url, &schema).await?),
+        _ => None,
+    };
+    let url = mysql.as_ref().map_or(url, |db| db.url.as_str());
     // Both sides get a pool of 32 with the same settings (see `PgBaseline::new`).
     let options = {
         let mut o = OpenOptions::default();
         o.pg_schema = Some(schema.clone());
         o.pg_max_connections = Some(32);
         o.redis_prefix = Some(prefix.clone());
+        o.mysql_max_connections = Some(32);
         o
     };
     let (url, tmp) = bench_url(url, "bench.db")?;
@@ -100,7 +102,7 @@ pub async fn open_bench(url: &str) -> Result<BenchTargets, StoreError> {
         Backend::Sqlite => Arc::new(SqliteBaseline::new(&SqliteOptions::from_url(&url)?).await?),
         Backend::Postgres => Arc::new(PgBaseline::new(&url, &schema).await?),
         Backend::Redis => Arc::new(RedisBaseline::new(&url, &prefix).await?),
-        Backend::Mysql => return Err(StoreError::InvalidInput(NO_MYSQL_BASELINE.into())),
+        Backend::Mysql => Arc::new(MysqlBaseline::new(mysql.expect("made above")).await?),
     };
     let growth = store
         .sql()
