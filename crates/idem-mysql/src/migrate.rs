@@ -54,6 +54,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     name_digest BINARY(32) NOT NULL PRIMARY KEY
 ) ENGINE = InnoDB"],
     },
+    Migration {
+        version: 6,
+        name: "idem_lease_procedures",
+        statements: crate::lease::PROCEDURES,
+    },
 ];
 
 /// Times are epoch milliseconds (BIGINT) from the server clock, as in the other stores.
@@ -191,7 +196,9 @@ mod tests {
                 assert!(
                     s.starts_with("CREATE TABLE IF NOT EXISTS")
                         || s.starts_with("DROP TRIGGER IF EXISTS")
-                        || s.starts_with("CREATE TRIGGER"),
+                        || s.starts_with("CREATE TRIGGER")
+                        || s.starts_with("DROP PROCEDURE IF EXISTS")
+                        || s.starts_with("CREATE PROCEDURE"),
                     "{s}"
                 );
             }
