@@ -17,6 +17,9 @@
 //!   business rows.
 //! - Leases with fencing tokens ([`idem_core::LeaseStore`]), the fenced write, retention
 //!   tiers and the archive (`lease.rs`, `retention.rs`).
+//! - The same key-state machine as stored procedures (`idem_claim`, `idem_finish`,
+//!   `idem_heartbeat`; docs/SQL-API.md) for clients in any language, and
+//!   [`ProcedureStore`], the Rust client of them (`procedures.rs`).
 //!
 //! # Sessions and InnoDB
 //! Every pooled session runs `READ COMMITTED` (each statement reads the newest committed
@@ -199,6 +202,13 @@ macro_rules! on_pooled_connection {
     }};
 }
 
+// After the macro, which it uses.
+mod procedures;
+pub use procedures::{
+    ProcedureStore, SQLSTATE_INVALID_ARGUMENT, SQLSTATE_NOT_SETTLED, SQLSTATE_RESULT_TOO_LARGE,
+    SQLSTATE_SUPERSEDED,
+};
+
 /// The MySQL / MariaDB idempotency store. Cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct MysqlStore {
@@ -325,7 +335,19 @@ impl MysqlStore {
         req: &ClaimRequest,
     ) -> Result<Claim, StoreError> {
         self.limits.check_claim(req)?;
-        match self.claim_on(conn, req, true).await {
+        let answer = self.claim_on(conn, req, true).await;
+        self.lock_conflict_in_tx(req, answer)
+    }
+
+    /// A claim inside a transaction that InnoDB refused over a lock (a lock wait timeout,
+    /// or a deadlock victim whose transaction was rolled back) is answered as in progress:
+    /// another request holds the key.
+    pub(crate) fn lock_conflict_in_tx(
+        &self,
+        req: &ClaimRequest,
+        answer: Result<Claim, StoreError>,
+    ) -> Result<Claim, StoreError> {
+        match answer {
             Err(e) if error::is_mapped_lock_conflict(&e) => {
                 self.lock_conflicts.fetch_add(1, Ordering::Relaxed);
                 let now = idem_core::retention::millis(

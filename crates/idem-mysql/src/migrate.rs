@@ -3,9 +3,10 @@
 //! Owns the store's DDL and the order it is applied in. MySQL and MariaDB commit every
 //! DDL statement on its own (an implicit commit), so migrations cannot share a
 //! transaction: instead every statement is written to be run again safely (`CREATE
-//! TABLE IF NOT EXISTS`, `DROP TRIGGER IF EXISTS` before `CREATE TRIGGER`, no `CREATE
-//! INDEX`: indexes are declared with their table), and a version is recorded only after
-//! all its statements ran. A crash half-way leaves the version unrecorded and the next
+//! TABLE IF NOT EXISTS`, `DROP TRIGGER IF EXISTS` before `CREATE TRIGGER`, `DROP
+//! PROCEDURE IF EXISTS` before `CREATE PROCEDURE`, no `CREATE INDEX`: indexes are
+//! declared with their table), and a version is recorded only after all its statements
+//! ran. A crash half-way leaves the version unrecorded and the next
 //! run applies it again. Concurrent migrators serialize on a named server lock
 //! (`GET_LOCK`). Migrations are append-only: a released version is never edited.
 //!
@@ -53,6 +54,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         statements: &["CREATE TABLE IF NOT EXISTS idem_advisory_locks (
     name_digest BINARY(32) NOT NULL PRIMARY KEY
 ) ENGINE = InnoDB"],
+    },
+    Migration {
+        version: 5,
+        name: "idem_procedures",
+        statements: crate::procedures::MIGRATION,
     },
     Migration {
         version: 6,

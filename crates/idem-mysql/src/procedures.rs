@@ -1,0 +1,389 @@
+//! [`ProcedureStore`]: the idempotency store through the stored procedures of migration 5
+//! (`idem_claim`, `idem_finish`, `idem_heartbeat`; docs/SQL-API.md, MySQL section), and
+//! the text of those procedures (`crates/idem-mysql/sql/*.sql`).
+//!
+//! # What this module owns
+//! - The procedures' migration: each is dropped and created again, so the migration is
+//!   safe to re-run; every `CREATE PROCEDURE` is one statement (no `DELIMITER`, which
+//!   only the mysql command-line client knows).
+//! - The Rust client of those procedures: it is what a client in any other language
+//!   does, kept honest by the conformance suite (tests/procedures.rs).
+//! - Mapping the procedures' SQLSTATE codes (class `ID`) to [`StoreError`] kinds.
+//!
+//! # What it must not do
+//! - Decide anything itself: the decision table lives in the procedures, so Rust and
+//!   every other client get the same answers. Reads (`get`, `unique_guard`), the pool and
+//!   migrations are the wrapped [`MysqlStore`]'s.
+//! - Send a time: deadlines come from the database clock (plus the test shift, passed in
+//!   the session variable `@idem_clock_shift_ms`, which each procedure consumes).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::store::lease_millis;
+use idem_core::{
+    Claim, ClaimKind, ClaimRequest, ClaimToken, Finish, IdempotencyStore, Millis, Record,
+    RecordState, Scope, StoreError,
+};
+use idem_store_kit::row::{fingerprint, owner, principal, state, stored_result};
+use sqlx::mysql::MySqlRow;
+use sqlx::MySqlConnection;
+
+use crate::{error, row, MysqlOptions, MysqlStore, LOCK_CONFLICT_RETRIES};
+
+/// Migration 5: the checks first (the others call them), each dropped before it is
+/// created.
+pub(crate) const MIGRATION: &[&str] = &[
+    "DROP PROCEDURE IF EXISTS idem_check_names",
+    include_str!("../sql/idem_check_names.sql"),
+    "DROP PROCEDURE IF EXISTS idem_check_lease",
+    include_str!("../sql/idem_check_lease.sql"),
+    "DROP PROCEDURE IF EXISTS idem_claim",
+    include_str!("../sql/idem_claim.sql"),
+    "DROP PROCEDURE IF EXISTS idem_finish",
+    include_str!("../sql/idem_finish.sql"),
+    "DROP PROCEDURE IF EXISTS idem_heartbeat",
+    include_str!("../sql/idem_heartbeat.sql"),
+];
+
+/// SQLSTATE of a bad argument (key, tenant, owner, principal, fingerprint, lease,
+/// outcome, status, headers, reference).
+pub const SQLSTATE_INVALID_ARGUMENT: &str = "ID001";
+/// SQLSTATE of a result over the procedures' 1 MiB limit.
+pub const SQLSTATE_RESULT_TOO_LARGE: &str = "ID002";
+/// SQLSTATE of a finish or heartbeat whose claim is no longer current.
+pub const SQLSTATE_SUPERSEDED: &str = "ID003";
+/// SQLSTATE of a claim that did not settle after its re-runs: retry.
+pub const SQLSTATE_NOT_SETTLED: &str = "ID004";
+
+const CLAIM: &str = "CALL idem_claim(?, ?, ?, ?, ?, ?)";
+const FINISH: &str = "CALL idem_finish(?, ?, ?, ?, ?, ?, ?, ?, ?)";
+const HEARTBEAT: &str = "CALL idem_heartbeat(?, ?, ?, ?, ?)";
+/// The test clock shift of the next procedure call on this session.
+const SHIFT: &str = "SET @idem_clock_shift_ms = ?";
+
+/// An [`IdempotencyStore`] whose claim, finish and heartbeat are the stored procedures.
+#[derive(Clone, Debug)]
+pub struct ProcedureStore {
+    my: MysqlStore,
+}
+
+/// The procedures' name for a finish outcome.
+fn outcome(state: RecordState) -> Result<&'static str, StoreError> {
+    match state {
+        RecordState::Succeeded => Ok("succeeded"),
+        RecordState::FailedTerminal => Ok("terminal"),
+        RecordState::FailedRetryable => Ok("retryable"),
+        RecordState::Processing => Err(StoreError::InvalidInput(
+            "a claim cannot finish in PROCESSING".into(),
+        )),
+    }
+}
+
+/// Maps the procedures' own SQLSTATEs; everything else as the statements' errors are.
+fn map_err(what: &str, err: sqlx::Error, token: Option<&ClaimToken>) -> StoreError {
+    let (code, message) = match &err {
+        sqlx::Error::Database(db) => (db.code().map(|c| c.into_owned()), db.message().to_string()),
+        _ => (None, String::new()),
+    };
+    match code.as_deref() {
+        Some(SQLSTATE_INVALID_ARGUMENT) | Some(SQLSTATE_RESULT_TOO_LARGE) => {
+            StoreError::InvalidInput(message)
+        }
+        Some(SQLSTATE_SUPERSEDED) => match token {
+            Some(token) => StoreError::superseded(token),
+            None => StoreError::Backend(message),
+        },
+        Some(SQLSTATE_NOT_SETTLED) => StoreError::Unavailable(message),
+        _ => error::map_err(what, err),
+    }
+}
+
+fn corrupt(what: &str, detail: impl std::fmt::Display) -> StoreError {
+    idem_store_kit::row::corrupt(what, detail)
+}
+
+/// Reads an `idem_claim` answer for `req`.
+fn claim_answer(r: &MySqlRow, req: &ClaimRequest) -> Result<Claim, StoreError> {
+    let decision: String = row::get(r, "decision")?;
+    let lease: Option<i64> = row::get(r, "lease_expires_at")?;
+    let now: i64 = row::get(r, "now_ms")?;
+    let prior_owner = owner(row::get(r, "owner")?)?;
+    match decision.as_str() {
+        "proceed" => {
+            let kind = match row::get::<Option<String>>(r, "kind")?.as_deref() {
+                Some("fresh") => ClaimKind::Fresh,
+                Some("retry_after_failure") => ClaimKind::RetryAfterFailure,
+                Some("expired_lease") => ClaimKind::ExpiredLease {
+                    previous_owner: prior_owner,
+                },
+                other => return Err(corrupt("claim kind", format!("{other:?}"))),
+            };
+            let lease = lease.ok_or_else(|| corrupt("lease_expires_at", "proceed has none"))?;
+            Ok(Claim::Proceed(ClaimToken::of(
+                req,
+                row::get(r, "version")?,
+                lease,
+                row::get(r, "attempt")?,
+                kind,
+            )))
+        }
+        "in_progress" => Ok(Claim::InProgress {
+            owner: prior_owner,
+            lease_expires_at: lease.unwrap_or(now),
+            now,
+        }),
+        "mismatch" => Ok(Claim::Mismatch {
+            state: state(&row::get::<String>(r, "state")?)?,
+        }),
+        "replay" => Ok(Claim::Replay(Record {
+            tenant: req.scope.tenant.clone(),
+            key: req.scope.key.clone(),
+            // A replay matched both, so the record holds the request's.
+            principal: req.principal.clone(),
+            fingerprint: req.fingerprint,
+            state: state(&row::get::<String>(r, "state")?)?,
+            version: row::get(r, "version")?,
+            owner: prior_owner,
+            lease_expires_at: lease,
+            result: stored_result(
+                row::get::<Option<i32>>(r, "status")?.map(i64::from),
+                row::get::<Option<String>>(r, "headers")?.as_deref(),
+                row::get(r, "body")?,
+                row::get(r, "result_ref")?,
+            )?,
+            attempts: row::get(r, "attempt")?,
+            created_at: row::get(r, "created_at")?,
+            updated_at: row::get(r, "updated_at")?,
+            completed_at: row::get(r, "completed_at")?,
+        })),
+        other => Err(corrupt("claim decision", other)),
+    }
+}
+
+impl ProcedureStore {
+    /// Wraps a store (its pool, limits and clock shift); the database must be migrated to
+    /// version 5 or newer.
+    pub fn new(my: MysqlStore) -> Self {
+        Self { my }
+    }
+
+    /// Connects like [`MysqlStore::connect`] (does not migrate: call
+    /// [`ProcedureStore::migrate`]).
+    pub async fn connect(url: &str, options: MysqlOptions) -> Result<Self, StoreError> {
+        Ok(Self::new(MysqlStore::connect(url, options).await?))
+    }
+
+    /// The wrapped statement store (same pool).
+    pub fn mysql(&self) -> &MysqlStore {
+        &self.my
+    }
+
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        self.my.migrate().await
+    }
+
+    /// `idem_claim` inside the caller's transaction: a concurrent duplicate waits on the
+    /// primary key, then replays (or proceeds after a rollback). A lock conflict (a lock
+    /// wait timeout, or this transaction chosen as a deadlock victim and rolled back) is
+    /// answered as in progress. After an error or that answer, roll back.
+    pub async fn claim_in_tx(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
+        self.my.limits.check_claim(req)?;
+        let answer = self.claim_on(conn, req).await;
+        self.my.lock_conflict_in_tx(req, answer)
+    }
+
+    /// `idem_finish` inside the caller's transaction, so the completion commits with the
+    /// business write. `Superseded`: roll the business write back.
+    pub async fn finish_in_tx(
+        &self,
+        conn: &mut MySqlConnection,
+        token: &ClaimToken,
+        finish: Finish,
+    ) -> Result<Record, StoreError> {
+        self.finish_on(conn, token, finish).await
+    }
+
+    /// Sets the test clock shift for the next call on `conn`; nothing when there is none
+    /// (every procedure consumes the variable, so no earlier value is left over).
+    async fn shift(&self, conn: &mut MySqlConnection, what: &str) -> Result<(), StoreError> {
+        let shift = self.my.clock.millis();
+        if shift != 0 {
+            sqlx::query(SHIFT)
+                .bind(shift)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| error::map_err(what, e))?;
+        }
+        Ok(())
+    }
+
+    async fn claim_on(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
+        let lease_ms = self.my.limits.claim_lease(req)?;
+        self.shift(conn, "claim").await?;
+        let r = sqlx::query(CLAIM)
+            .bind(req.scope.tenant.as_str())
+            .bind(req.scope.key.as_str())
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(req.principal.as_str())
+            .bind(req.owner.as_str())
+            .bind(lease_ms)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_err("claim", e, None))?;
+        claim_answer(&r, req)
+    }
+
+    async fn finish_on(
+        &self,
+        conn: &mut MySqlConnection,
+        token: &ClaimToken,
+        finish: Finish,
+    ) -> Result<Record, StoreError> {
+        self.my.limits.check_finish(&finish)?;
+        let result = finish.result.as_ref();
+        let headers = result.map(|r| idem_store_kit::row::headers_json(&r.headers));
+        self.shift(conn, "finish").await?;
+        let r = sqlx::query(FINISH)
+            .bind(token.scope.tenant.as_str())
+            .bind(token.scope.key.as_str())
+            .bind(token.owner.as_str())
+            .bind(token.version)
+            .bind(outcome(finish.state)?)
+            .bind(result.map(|r| i64::from(r.status)))
+            .bind(headers.as_deref())
+            .bind(result.map(|r| r.body.as_slice()))
+            .bind(result.and_then(|r| r.result_ref.as_deref()))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_err("finish", e, Some(token)))?;
+        self.my.recent.note(&token.scope);
+        Ok(Record {
+            tenant: token.scope.tenant.clone(),
+            key: token.scope.key.clone(),
+            principal: principal(row::get(&r, "principal")?)?,
+            fingerprint: fingerprint(row::get(&r, "fingerprint")?)?,
+            state: finish.state,
+            version: row::get(&r, "version")?,
+            owner: Some(token.owner.clone()),
+            lease_expires_at: None,
+            result: finish.result,
+            attempts: row::get(&r, "attempt")?,
+            created_at: row::get(&r, "created_at")?,
+            updated_at: row::get(&r, "updated_at")?,
+            completed_at: row::get(&r, "completed_at")?,
+        })
+    }
+
+    async fn heartbeat_on(
+        &self,
+        conn: &mut MySqlConnection,
+        token: &ClaimToken,
+        lease_ms: Millis,
+    ) -> Result<Millis, StoreError> {
+        self.shift(conn, "extend_lease").await?;
+        let r = sqlx::query(HEARTBEAT)
+            .bind(token.scope.tenant.as_str())
+            .bind(token.scope.key.as_str())
+            .bind(token.owner.as_str())
+            .bind(token.version)
+            .bind(lease_ms)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_err("extend_lease", e, Some(token)))?;
+        row::get(&r, "lease_expires_at")
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for ProcedureStore {
+    fn backend(&self) -> &'static str {
+        "mysql"
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.my.limits.check_claim(req)?;
+        on_pooled_connection!(self.my, |conn| self.claim_on(conn, req))
+    }
+
+    async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
+        self.my.limits.check_finish(&finish)?;
+        // Safe to run twice: idem_finish answers a repeat of an applied finish as the
+        // first time.
+        on_pooled_connection!(self.my, |conn| self.finish_on(conn, token, finish.clone()))
+    }
+
+    async fn extend_lease(
+        &self,
+        token: &ClaimToken,
+        lease: Duration,
+    ) -> Result<Millis, StoreError> {
+        let lease_ms = lease_millis(lease)?;
+        on_pooled_connection!(self.my, |conn| self.heartbeat_on(conn, token, lease_ms))
+    }
+
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        self.my.get(scope).await
+    }
+
+    async fn unique_guard(&self) -> Result<bool, StoreError> {
+        self.my.unique_guard().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_and_codes_are_spelled_as_the_sql_expects() {
+        assert_eq!(outcome(RecordState::Succeeded).unwrap(), "succeeded");
+        assert_eq!(outcome(RecordState::FailedTerminal).unwrap(), "terminal");
+        assert_eq!(outcome(RecordState::FailedRetryable).unwrap(), "retryable");
+        assert!(outcome(RecordState::Processing).is_err());
+        let sql = MIGRATION.concat();
+        for word in ["'succeeded'", "'terminal'", "'retryable'"] {
+            assert!(sql.contains(word), "{word}");
+        }
+        for code in [
+            SQLSTATE_INVALID_ARGUMENT,
+            SQLSTATE_RESULT_TOO_LARGE,
+            SQLSTATE_SUPERSEDED,
+            SQLSTATE_NOT_SETTLED,
+        ] {
+            assert!(sql.contains(&format!("SIGNAL SQLSTATE '{code}'")), "{code}");
+        }
+    }
+
+    #[test]
+    fn every_procedure_is_dropped_before_it_is_created() {
+        for pair in MIGRATION.chunks(2) {
+            let name = pair[0]
+                .strip_prefix("DROP PROCEDURE IF EXISTS ")
+                .expect("a drop first");
+            let create = pair[1].trim_start();
+            assert!(
+                create.starts_with(&format!("CREATE PROCEDURE {name}(")),
+                "{name}"
+            );
+            // One statement: DELIMITER is a mysql client command, not SQL.
+            assert!(!create.contains("DELIMITER"), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_call_texts_have_one_placeholder_per_argument() {
+        assert_eq!(CLAIM.matches('?').count(), 6);
+        assert_eq!(FINISH.matches('?').count(), 9);
+        assert_eq!(HEARTBEAT.matches('?').count(), 5);
+    }
+}
