@@ -361,7 +361,8 @@ async fn gather(
     Ok(Take::Taken)
 }
 
-/// Takes `quantity` from one bucket this transaction has locked.
+/// Takes `quantity` from one bucket this transaction has locked (a negative one puts
+/// it back).
 async fn take_from(
     c: &mut Conn<'_>,
     tenant: &str,
@@ -513,7 +514,7 @@ pub(crate) async fn release_hold(
     let show_id = row.text("show_id")?;
     let quantity = row.int("quantity")?;
     // Back into a bucket nobody holds (any will do); the reserve when all are held.
-    if c.backend() == Backend::Mysql {
+    let returned = if c.backend() == Backend::Mysql {
         // In key order, not by `available`: InnoDB would lock every bucket it sorted.
         let free = c
             .optional(
@@ -525,48 +526,34 @@ pub(crate) async fn release_hold(
                 .bind(&show_id),
             )
             .await?;
-        let q = match free {
-            Some(bucket) => sql(
-                "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
-                 WHERE tenant_id = $1 AND show_id = $2 AND bucket = $5",
-            )
-            .bind(tenant)
-            .bind(&show_id)
-            .bind(quantity)
-            .bind(now)
-            .bind(bucket.int("bucket")?),
-            None => sql(
-                "UPDATE inventory SET available = available + $3, updated_at = $4 \
-                 WHERE tenant_id = $1 AND show_id = $2",
-            )
-            .bind(tenant)
-            .bind(&show_id)
-            .bind(quantity)
-            .bind(now),
-        };
-        c.execute(q).await?;
-        return Ok(true);
-    }
-    let into_bucket = if c.backend() == Backend::Postgres {
-        "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
-         WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
-           SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
-           ORDER BY available LIMIT 1 FOR UPDATE SKIP LOCKED)"
+        match free {
+            Some(bucket) => {
+                take_from(c, tenant, &show_id, bucket.int("bucket")?, -quantity, now).await?;
+                1
+            }
+            None => 0,
+        }
     } else {
-        "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
-         WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
-           SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
-           ORDER BY available LIMIT 1)"
-    };
-    let returned = c
-        .execute(
+        let into_bucket = if c.backend() == Backend::Postgres {
+            "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
+             WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
+               SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
+               ORDER BY available LIMIT 1 FOR UPDATE SKIP LOCKED)"
+        } else {
+            "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
+             WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
+               SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
+               ORDER BY available LIMIT 1)"
+        };
+        c.execute(
             sql(into_bucket)
                 .bind(tenant)
                 .bind(&show_id)
                 .bind(quantity)
                 .bind(now),
         )
-        .await?;
+        .await?
+    };
     if returned == 0 {
         c.execute(
             sql(
