@@ -36,7 +36,30 @@ CREATE TABLE IF NOT EXISTS console_audit (
 CREATE INDEX IF NOT EXISTS console_audit_by_at ON console_audit (at);
 "#;
 
-const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "sessions and audit", V1)];
+/// `V1` for MySQL/MariaDB: no TEXT in keys, one statement at a time.
+const V1_MYSQL: &str = r#"
+CREATE TABLE IF NOT EXISTS console_sessions (
+    session_hash VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    operator     TEXT NOT NULL,
+    csrf         VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    created_at   BIGINT NOT NULL,
+    expires_at   BIGINT NOT NULL,
+    ended_at     BIGINT,
+    token_digest VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS console_audit (
+    audit_id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    at       BIGINT NOT NULL,
+    operator TEXT NOT NULL,
+    action   TEXT NOT NULL,
+    target   TEXT NOT NULL,
+    reason   TEXT,
+    outcome  TEXT NOT NULL,
+    KEY console_audit_by_at (at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+"#;
+
+const MIGRATIONS: &[(i64, &str, &str, &str)] = &[(1, "sessions and audit", V1, V1_MYSQL)];
 
 pub(crate) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
@@ -54,13 +77,20 @@ pub async fn migrate(db: &SqlStore) -> Result<(), ConsoleError> {
         .iter()
         .map(|r| r.int("version"))
         .collect::<Result<Vec<i64>, _>>()?;
-    for (version, name, script) in MIGRATIONS.iter().filter(|m| !applied.contains(&m.0)) {
-        c.execute_script(script).await?;
+    let mysql = c.backend().as_str() == "mysql";
+    for (version, name, script, mysql_script) in
+        MIGRATIONS.iter().filter(|m| !applied.contains(&m.0))
+    {
+        c.execute_script(if mysql { mysql_script } else { script })
+            .await?;
         c.execute(
-            sql(
+            sql(if mysql {
                 "INSERT INTO console_schema_migrations (version, name, applied_at) \
-                 VALUES ($1, $2, $3) ON CONFLICT (version) DO NOTHING",
-            )
+                 VALUES ($1, $2, $3) ON DUPLICATE KEY UPDATE version = version"
+            } else {
+                "INSERT INTO console_schema_migrations (version, name, applied_at) \
+                 VALUES ($1, $2, $3) ON CONFLICT (version) DO NOTHING"
+            })
             .bind(*version)
             .bind(*name)
             .bind(now_ms()),

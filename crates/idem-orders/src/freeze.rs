@@ -14,6 +14,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use idem_sql::Backend;
 use serde::{Deserialize, Serialize};
 
 use crate::db::{sql, Conn, Database, DatabaseOptions, Row};
@@ -291,21 +292,24 @@ pub async fn apply_freeze(db: &Database, request: &FreezeRequest) -> Result<Free
     let mut changed = Vec::new();
     for what in &request.what {
         let id = new_id("frz");
+        let insert = c.pick(
+            "INSERT INTO freezes (freeze_id, tenant_id, scope_kind, scope_value, what, \
+               reason, frozen_by, frozen_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT DO NOTHING",
+            "INSERT INTO freezes (freeze_id, tenant_id, scope_kind, scope_value, what, \
+               reason, frozen_by, frozen_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        );
         let written = c
-            .execute(
-                sql(
-                    "INSERT INTO freezes (freeze_id, tenant_id, scope_kind, scope_value, what, \
-                       reason, frozen_by, frozen_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                     ON CONFLICT DO NOTHING",
-                )
-                .bind(&id)
-                .bind(request.tenant_column())
-                .bind(request.scope.kind())
-                .bind(request.scope.value())
-                .bind(what.as_str())
-                .bind(request.reason.clone())
-                .bind(&actor)
-                .bind(now),
+            .insert_new(
+                sql(insert)
+                    .bind(&id)
+                    .bind(request.tenant_column())
+                    .bind(request.scope.kind())
+                    .bind(request.scope.value())
+                    .bind(what.as_str())
+                    .bind(request.reason.clone())
+                    .bind(&actor)
+                    .bind(now),
             )
             .await?;
         if written == 1 {
@@ -348,8 +352,10 @@ pub async fn apply_unfreeze(db: &Database, request: &FreezeRequest) -> Result<Fr
     let mut c = tx.conn();
     let mut changed = Vec::new();
     for what in &request.what {
-        let rows = c
-            .all(
+        let rows = if c.backend() == Backend::Mysql {
+            unfreeze_mysql(&mut c, request, *what, now, &actor).await?
+        } else {
+            c.all(
                 sql("UPDATE freezes SET unfrozen_at = $5, unfrozen_by = $6 \
                      WHERE unfrozen_at IS NULL AND tenant_id = $1 AND scope_kind = $2 \
                        AND scope_value = $3 AND what = $4 \
@@ -362,7 +368,8 @@ pub async fn apply_unfreeze(db: &Database, request: &FreezeRequest) -> Result<Fr
                 .bind(now)
                 .bind(&actor),
             )
-            .await?;
+            .await?
+        };
         for row in &rows {
             changed.push(freeze_from(row)?);
         }
@@ -383,6 +390,52 @@ pub async fn apply_unfreeze(db: &Database, request: &FreezeRequest) -> Result<Fr
         );
     }
     Ok(FreezeChange { changed, active })
+}
+
+/// MySQL has no UPDATE … RETURNING: the active freezes of the scope are locked and read
+/// first, then ended by id.
+async fn unfreeze_mysql(
+    c: &mut Conn<'_>,
+    request: &FreezeRequest,
+    what: FreezeWhat,
+    now: i64,
+    actor: &str,
+) -> Result<Vec<Row>, Error> {
+    let ids = c
+        .all(
+            sql("SELECT freeze_id FROM freezes \
+                 WHERE unfrozen_at IS NULL AND tenant_id = $1 AND scope_kind = $2 \
+                   AND scope_value = $3 AND what = $4 FOR UPDATE")
+            .bind(request.tenant_column())
+            .bind(request.scope.kind())
+            .bind(request.scope.value())
+            .bind(what.as_str()),
+        )
+        .await?;
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        let id = id.text("freeze_id")?;
+        c.execute(
+            sql("UPDATE freezes SET unfrozen_at = $2, unfrozen_by = $3 \
+                 WHERE freeze_id = $1 AND unfrozen_at IS NULL")
+            .bind(&id)
+            .bind(now)
+            .bind(actor),
+        )
+        .await?;
+        rows.push(
+            c.one(
+                sql(
+                    "SELECT freeze_id, tenant_id, scope_kind, scope_value, what, reason, \
+                       frozen_by, frozen_at, unfrozen_at, unfrozen_by FROM freezes \
+                     WHERE freeze_id = $1",
+                )
+                .bind(&id),
+            )
+            .await?,
+        );
+    }
+    Ok(rows)
 }
 
 /// Every active freeze.

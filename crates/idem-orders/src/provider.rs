@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use idem_sql::Backend;
 use serde::{Deserialize, Serialize};
 
 use crate::db::{sql, Database};
@@ -119,30 +120,47 @@ impl PaymentSimulator {
         }
         let now = now_ms();
         let mut tx = self.db.begin().await?;
-        let row = tx
-            .conn()
-            .one(
+        let mut c = tx.conn();
+        let upsert = c.pick(
+            "INSERT INTO psp_operations (tenant_id, provider_key, kind, order_id, \
+               amount_cents, provider_ref, created_at, calls, last_call_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $7) \
+             ON CONFLICT (tenant_id, provider_key) DO UPDATE SET \
+               calls = psp_operations.calls + 1, last_call_at = excluded.last_call_at \
+             RETURNING provider_key, kind, order_id, amount_cents, provider_ref, \
+               created_at, calls",
+            // MySQL: no RETURNING; the row, locked by the upsert, is read back below.
+            "INSERT INTO psp_operations (tenant_id, provider_key, kind, order_id, \
+               amount_cents, provider_ref, created_at, calls, last_call_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $7) \
+             ON DUPLICATE KEY UPDATE calls = calls + 1, last_call_at = $7",
+        );
+        let q = sql(upsert)
+            .bind(tenant)
+            .bind(key)
+            .bind(kind.as_str())
+            .bind(order_id)
+            .bind(amount_cents)
+            .bind(new_id(match kind {
+                OperationKind::Charge => "ch",
+                OperationKind::Refund => "re",
+            }))
+            .bind(now);
+        let row = if c.backend() == Backend::Mysql {
+            c.execute(q).await?;
+            c.one(
                 sql(
-                    "INSERT INTO psp_operations (tenant_id, provider_key, kind, order_id, \
-                       amount_cents, provider_ref, created_at, calls, last_call_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $7) \
-                     ON CONFLICT (tenant_id, provider_key) DO UPDATE SET \
-                       calls = psp_operations.calls + 1, last_call_at = excluded.last_call_at \
-                     RETURNING provider_key, kind, order_id, amount_cents, provider_ref, \
-                       created_at, calls",
+                    "SELECT provider_key, kind, order_id, amount_cents, provider_ref, \
+                       created_at, calls FROM psp_operations \
+                     WHERE tenant_id = $1 AND provider_key = $2",
                 )
                 .bind(tenant)
-                .bind(key)
-                .bind(kind.as_str())
-                .bind(order_id)
-                .bind(amount_cents)
-                .bind(new_id(match kind {
-                    OperationKind::Charge => "ch",
-                    OperationKind::Refund => "re",
-                }))
-                .bind(now),
+                .bind(key),
             )
-            .await?;
+            .await?
+        } else {
+            c.one(q).await?
+        };
         let receipt = receipt_from(&row)?;
         let same_request = receipt.kind == kind
             && row.text("order_id")? == order_id

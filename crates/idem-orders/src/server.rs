@@ -463,10 +463,16 @@ impl App {
         let store = database.idempotency_store();
         let auth: Arc<dyn idem_http::Authenticate> = Arc::new(auth);
         let max_body = idem_config.max_request_body;
+        // MySQL: the timeline's tables (`idem_arrival_keys`, `idem_arrivals`) belong to the
+        // store's migrations, and a MySQL store without them gets no recording (each
+        // write would fail) rather than a broken timeline; it records once they exist.
+        let record_arrivals = database.backend() != "mysql"
+            || database.store().has_table("idem_arrival_keys").await?;
         let arrivals = config
             .options
             .arrivals
             .clone()
+            .filter(|_| record_arrivals)
             .map(|options| ArrivalLog::start(database.store().clone(), options));
         let mut layer = IdempotencyLayer::from_arcs(store.clone(), auth.clone())
             .with_config(idem_config)

@@ -14,7 +14,7 @@ use idem_orders::service::consumers::{INVENTORY_RELEASER, TICKET_ISSUER};
 use idem_orders::{Faults, Handled};
 use serde_json::json;
 
-on_both_stores!(
+on_every_store!(
     redelivery_and_crash_after_issue_make_one_ticket,
     concurrent_deliveries_make_one_ticket,
     stale_inventory_holder_is_fenced,

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-on_both_stores!(
+on_every_store!(
     freeze_queue_unfreeze_all_done_once,
     freeze_on_the_database_reaches_the_server
 );
@@ -245,7 +245,7 @@ async fn freeze_on_the_database_reaches_the_server(env: Env) {
 async fn freeze_on_db(env: &Env, request: &FreezeRequest) -> idem_orders::FreezeChange {
     match env.backend {
         Backend::Sqlite => freeze::freeze(&env.url, request).await.expect("freeze"),
-        Backend::Postgres => freeze::apply_freeze(&open(env).await, request)
+        Backend::Postgres | Backend::Mysql => freeze::apply_freeze(&open(env).await, request)
             .await
             .expect("freeze"),
     }
@@ -254,7 +254,7 @@ async fn freeze_on_db(env: &Env, request: &FreezeRequest) -> idem_orders::Freeze
 async fn unfreeze_on_db(env: &Env, request: &FreezeRequest) -> idem_orders::FreezeChange {
     match env.backend {
         Backend::Sqlite => freeze::unfreeze(&env.url, request).await.expect("unfreeze"),
-        Backend::Postgres => freeze::apply_unfreeze(&open(env).await, request)
+        Backend::Postgres | Backend::Mysql => freeze::apply_unfreeze(&open(env).await, request)
             .await
             .expect("unfreeze"),
     }

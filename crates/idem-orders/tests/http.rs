@@ -1,4 +1,4 @@
-//! The HTTP contract of the order service on real stores (SQLite and PostgreSQL): one
+//! The HTTP contract of the order service on real stores (SQLite, PostgreSQL, MySQL): one
 //! intent → one order, replays, bad input, tenants, concurrent pays → one charge,
 //! cancel with refund and fenced release, the gateway's state query, and the public
 //! endpoints.
@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-on_both_stores!(
+on_every_store!(
     eight_concurrent_creates_make_one_order,
     replay_returns_the_first_body,
     bad_input_is_problem_json_and_rejections_replay,

@@ -344,7 +344,7 @@ pub async fn run(url: &str, args: ServeArgs) -> CliResult {
         .map_err(StoreError::InvalidInput)?;
     if backend_of(url)? == Backend::Redis {
         return Err(StoreError::InvalidInput(
-            "the order service needs SQLite or PostgreSQL (its ledgers and records share one database)".into(),
+            "the order service needs SQLite, PostgreSQL or MySQL/MariaDB (its ledgers and records share one database)".into(),
         )
         .into());
     }

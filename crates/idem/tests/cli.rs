@@ -406,51 +406,144 @@ fn freeze_and_unfreeze_from_the_command_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("freeze scope"));
 }
 
-#[test]
-fn serve_answers_duplicates_with_the_first_order() {
+/// `idem serve` on `url` with one API key (acme), and the URL it listens on.
+fn serve(url: &str) -> (std::process::Child, String) {
     use std::io::{BufRead, BufReader};
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args([
             "--database-url",
-            &url,
+            url,
             "serve",
             "--listen",
             "127.0.0.1:0",
             "--api-key",
             "acme=secret-acme-1",
         ])
+        .env_remove("IDEM_DATABASE_URL")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     let base = first.rsplit(' ').next().unwrap().to_string();
-    assert!(base.starts_with("http://127.0.0.1:"), "{first}");
+    (child, base)
+}
+
+/// The same order created three times under one key: the three answers' order ids.
+async fn three_creates(base: &str) -> Vec<serde_json::Value> {
+    let client = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let resp = client
+            .post(format!("{base}/v1/orders"))
+            .bearer_auth("secret-acme-1")
+            .header("Idempotency-Key", "confirm-page-1")
+            .json(&serde_json::json!({"user_id": "U-7318", "show_id": "S-204", "quantity": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        let body: serde_json::Value = resp.json().await.unwrap();
+        ids.push(body["order_id"].clone());
+    }
+    ids
+}
+
+#[test]
+fn serve_answers_duplicates_with_the_first_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let (mut child, base) = serve(&url);
+    assert!(base.starts_with("http://127.0.0.1:"), "{base}");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let bodies = rt.block_on(async {
-        let client = reqwest::Client::new();
-        let mut bodies = Vec::new();
-        for _ in 0..3 {
-            let resp = client
-                .post(format!("{base}/v1/orders"))
-                .bearer_auth("secret-acme-1")
-                .header("Idempotency-Key", "confirm-page-1")
-                .json(&serde_json::json!({"user_id": "U-7318", "show_id": "S-204", "quantity": 1}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 201);
-            bodies.push(resp.json::<serde_json::Value>().await.unwrap());
-        }
-        bodies
-    });
+    let ids = rt.block_on(three_creates(&base));
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(bodies
-        .iter()
-        .all(|b| b["order_id"] == bodies[0]["order_id"]));
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+}
+
+/// `base` (a MySQL server URL) naming `database` instead of its own.
+fn mysql_database_url(base: &str, database: &str) -> String {
+    let (head, query) = base.split_once('?').unwrap_or((base, ""));
+    let after_scheme = head.find("://").map_or(0, |i| i + 3);
+    let host_end = head[after_scheme..]
+        .find('/')
+        .map_or(head.len(), |i| after_scheme + i);
+    let sep = if query.is_empty() { "" } else { "?" };
+    format!("{}/{database}{sep}{query}", &head[..host_end])
+}
+
+/// The order service on MySQL/MariaDB: `idem serve` migrates the ledgers and is ready,
+/// duplicates get the first order, and `idem reconcile` reads the same database.
+#[test]
+fn serve_and_reconcile_on_mysql() {
+    use sqlx::{Connection, Executor};
+    let Some(server) = service_url(
+        "IDEM_TEST_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+        tcp_up,
+        "MySQL/MariaDB",
+    ) else {
+        return;
+    };
+    let database = format!("idem_cli_{}", uuid::Uuid::now_v7().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The `mysql` driver of sqlx comes with idem-sql's default `mysql` feature.
+    let admin = |sql: String| {
+        let server = server.clone();
+        rt.block_on(async move {
+            let mut c = sqlx::MySqlConnection::connect(&server).await.unwrap();
+            c.execute(sqlx::AssertSqlSafe(sql)).await.unwrap();
+            c.close().await.unwrap();
+        })
+    };
+    admin(format!(
+        "CREATE DATABASE `{database}` CHARACTER SET utf8mb4"
+    ));
+    let url = mysql_database_url(&server, &database);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (mut child, base) = serve(&url);
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+            rt.block_on(async {
+                let client = reqwest::Client::new();
+                let ready = client.get(format!("{base}/readyz")).send().await.unwrap();
+                assert_eq!(ready.status(), 200);
+                let ready: serde_json::Value = ready.json().await.unwrap();
+                assert_eq!(ready["backend"], "mysql");
+                assert_eq!(
+                    ready["schema"]["ledgers"],
+                    ready["schema"]["ledgers_needed"]
+                );
+                assert_eq!(ready["schema"]["store"], ready["schema"]["store_needed"]);
+                let ids = three_creates(&base).await;
+                assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+            });
+        }));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        if let Err(p) = served {
+            std::panic::resume_unwind(p);
+        }
+        let out = idem(&url, &["reconcile", "--tenant", "acme", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            json(&out)["passed"].as_bool().unwrap_or(false),
+            "{}",
+            json(&out)
+        );
+        let out = idem(&url, &["demo", "incident"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("SQLite or PostgreSQL"));
+    }));
+    admin(format!("DROP DATABASE IF EXISTS `{database}`"));
+    if let Err(p) = outcome {
+        std::panic::resume_unwind(p);
+    }
 }
 
 #[test]

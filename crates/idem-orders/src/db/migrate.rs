@@ -1,12 +1,13 @@
 //! The ledgers' schema, as versioned migrations recorded in `orders_schema_migrations`.
 //!
-//! The DDL is shared by both backends (`BIGINT` and `TEXT` columns, partial indexes,
-//! `CHECK`s). Leases and fences are the stores' own tables (`idem-sqlite`,
+//! The DDL is shared by SQLite and PostgreSQL (`BIGINT` and `TEXT` columns, partial
+//! indexes, `CHECK`s); MySQL/MariaDB has its own form of each version (`MYSQL`). Leases and fences are the stores' own tables (`idem-sqlite`,
 //! `idem-postgres`).
 //! Migrations are append-only: a released version is never edited. They run inside the
 //! caller's transaction, which takes turns with other migrators first (SQLite: `BEGIN
 //! IMMEDIATE`; PostgreSQL: a transaction-scoped advisory lock), so two processes starting
-//! at once apply each version once.
+//! at once apply each version once. MySQL commits DDL implicitly: its migrators take turns
+//! on a named server lock instead, and every statement is safe to run twice.
 //!
 //! Every ledger is append-or-update: rows are never deleted, and nothing in this schema
 //! cascades a delete. The console's tables (migration 2) are not ledgers: expired
@@ -331,6 +332,192 @@ const COMMON: &[Migration] = &[
 const VERSIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS orders_schema_migrations (\
     version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)";
 
+/// MySQL/MariaDB: the same versions, each a list of statements run one by one (every DDL
+/// statement commits on its own), each safe to run again (`CREATE TABLE IF NOT EXISTS`,
+/// indexes declared with their table) so a migrator that stopped half-way is finished by
+/// the next. A MySQL database starts at the shape the other backends reach at version 4:
+/// version 1 already has the stock buckets and the delivery claim, and versions 2 to 4
+/// have nothing left to do (the console's tables are `idem_console::migrate`'s, the
+/// arrival timeline is the store's). Identifiers and enumerations are `ascii_bin` (byte comparison,
+/// one byte a character in keys), names and free text `utf8mb4_bin`; every key fits
+/// InnoDB's 3,072-byte index limit. Partial indexes become plain ones: a UNIQUE index
+/// lets NULLs repeat, and the one active freeze per scope is a unique index on a
+/// generated column that is NULL once the freeze ends.
+const MYSQL_LEDGERS: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS inventory (
+    tenant_id       VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    show_id         VARCHAR(128) NOT NULL,
+    title           VARCHAR(255) NOT NULL,
+    capacity        BIGINT NOT NULL CHECK (capacity >= 0),
+    available       BIGINT NOT NULL CHECK (available >= 0 AND available <= capacity),
+    per_order_limit BIGINT NOT NULL CHECK (per_order_limit > 0),
+    price_cents     BIGINT NOT NULL CHECK (price_cents >= 0),
+    created_at      BIGINT NOT NULL,
+    updated_at      BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, show_id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS inventory_buckets (
+    tenant_id  VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    show_id    VARCHAR(128) NOT NULL,
+    bucket     BIGINT NOT NULL CHECK (bucket >= 0),
+    available  BIGINT NOT NULL CHECK (available >= 0),
+    updated_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, show_id, bucket)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS inventory_holds (
+    hold_id       VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    tenant_id     VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    order_id      VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    show_id       VARCHAR(128) NOT NULL,
+    quantity      BIGINT NOT NULL CHECK (quantity > 0),
+    status        VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+                  CHECK (status IN ('held', 'released')),
+    created_at    BIGINT NOT NULL,
+    released_at   BIGINT,
+    release_token BIGINT,
+    release_owner TEXT,
+    UNIQUE KEY inventory_holds_order_uq (order_id),
+    KEY inventory_holds_by_show (tenant_id, show_id, status)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS orders (
+    order_id        VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    tenant_id       VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    user_id         VARCHAR(128) NOT NULL,
+    show_id         VARCHAR(128) NOT NULL,
+    quantity        BIGINT NOT NULL CHECK (quantity > 0),
+    amount_cents    BIGINT NOT NULL CHECK (amount_cents >= 0),
+    client_session  VARCHAR(128),
+    idempotency_key VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin,
+    status          VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+                    CHECK (status IN ('pending_payment', 'paid', 'ticketed', 'cancelled',
+                        'refund_pending', 'refunded')),
+    version         BIGINT NOT NULL CHECK (version > 0),
+    created_at      BIGINT NOT NULL,
+    updated_at      BIGINT NOT NULL,
+    paid_at         BIGINT,
+    ticketed_at     BIGINT,
+    refunded_at     BIGINT,
+    cancelled_at    BIGINT,
+    UNIQUE KEY orders_idempotency_key_uq (tenant_id, idempotency_key),
+    KEY orders_by_user_show (tenant_id, user_id, show_id, created_at),
+    KEY orders_by_show (tenant_id, show_id, created_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS order_transitions (
+    transition_id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    tenant_id     VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    order_id      VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    from_status   VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin,
+    to_status     VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    event         VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    at            BIGINT NOT NULL,
+    actor         TEXT NOT NULL,
+    detail        TEXT,
+    KEY order_transitions_by_order (order_id, at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS payments (
+    payment_id   VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    tenant_id    VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    order_id     VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    kind         VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+                 CHECK (kind IN ('charge', 'refund')),
+    provider_key VARCHAR(255) NOT NULL,
+    provider_ref VARCHAR(255) NOT NULL,
+    amount_cents BIGINT NOT NULL CHECK (amount_cents >= 0),
+    status       VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+                 CHECK (status IN ('succeeded')),
+    created_at   BIGINT NOT NULL,
+    UNIQUE KEY payments_provider_key_uq (tenant_id, provider_key),
+    KEY payments_by_order (order_id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS psp_operations (
+    tenant_id    VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    provider_key VARCHAR(255) NOT NULL,
+    kind         VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+                 CHECK (kind IN ('charge', 'refund')),
+    order_id     VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    amount_cents BIGINT NOT NULL,
+    provider_ref VARCHAR(255) NOT NULL,
+    created_at   BIGINT NOT NULL,
+    calls        BIGINT NOT NULL,
+    last_call_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, provider_key)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS tickets (
+    ticket_id  VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    tenant_id  VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    order_id   VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    user_id    VARCHAR(128) NOT NULL,
+    show_id    VARCHAR(128) NOT NULL,
+    quantity   BIGINT NOT NULL,
+    issued_at  BIGINT NOT NULL,
+    message_id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    UNIQUE KEY tickets_order_uq (order_id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS outbox_messages (
+    message_id       VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    tenant_id        VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    topic            VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    order_id         VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    user_id          VARCHAR(128) NOT NULL,
+    show_id          VARCHAR(128) NOT NULL,
+    payload          MEDIUMTEXT NOT NULL,
+    created_at       BIGINT NOT NULL,
+    published_at     BIGINT,
+    publish_attempts BIGINT NOT NULL DEFAULT 0,
+    UNIQUE KEY outbox_topic_order_uq (tenant_id, topic, order_id),
+    KEY outbox_unpublished (published_at, created_at),
+    KEY outbox_by_order (tenant_id, order_id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS message_deliveries (
+    consumer     VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    message_id   VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    state        VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+                 CHECK (state IN ('pending', 'acked')),
+    attempts     BIGINT NOT NULL DEFAULT 0,
+    available_at BIGINT NOT NULL,
+    last_error   TEXT,
+    created_at   BIGINT NOT NULL,
+    acked_at     BIGINT,
+    claim        VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin,
+    PRIMARY KEY (consumer, message_id),
+    KEY message_deliveries_pending (consumer, state, available_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS consumer_processed (
+    consumer     VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    tenant_id    VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    business_key VARCHAR(255) NOT NULL,
+    order_id     VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    message_id   VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    outcome      TEXT NOT NULL,
+    processed_at BIGINT NOT NULL,
+    PRIMARY KEY (consumer, tenant_id, business_key)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS freezes (
+    freeze_id   VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+    tenant_id   VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    scope_kind  VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+                CHECK (scope_kind IN ('user', 'show', 'all')),
+    scope_value VARCHAR(128) NOT NULL,
+    what        VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
+                CHECK (what IN ('payment-confirm', 'ticketing', 'inventory-release')),
+    reason      TEXT,
+    frozen_by   TEXT NOT NULL,
+    frozen_at   BIGINT NOT NULL,
+    unfrozen_at BIGINT,
+    unfrozen_by TEXT,
+    -- 1 while active, NULL once unfrozen: NULLs do not collide, so the history stays.
+    active      TINYINT GENERATED ALWAYS AS (CASE WHEN unfrozen_at IS NULL THEN 1 END) STORED,
+    UNIQUE KEY freezes_active_uq (tenant_id, scope_kind, scope_value, what, active)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+];
+
+/// `COMMON`'s versions in MySQL's form (same numbers and names).
+const MYSQL: &[(i64, &[&str])] = &[(1, MYSQL_LEDGERS), (2, &[]), (3, &[]), (4, &[])];
+
+const MYSQL_VERSIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS orders_schema_migrations (\
+    version BIGINT NOT NULL PRIMARY KEY, name VARCHAR(128) NOT NULL, applied_at BIGINT NOT NULL\
+    ) ENGINE = InnoDB";
+
 /// The newest ledger schema version this build knows.
 pub(super) fn newest() -> i64 {
     COMMON.last().map_or(0, |m| m.version)
@@ -346,28 +533,58 @@ pub(super) async fn apply(c: &mut Conn<'_>) -> Result<(), Error> {
 
 async fn apply_up_to(c: &mut Conn<'_>, last: i64) -> Result<(), Error> {
     c.execute_script(VERSIONS_TABLE).await?;
-    let applied = c
-        .all(sql("SELECT version FROM orders_schema_migrations"))
-        .await?
-        .iter()
-        .map(|row| row.int("version"))
-        .collect::<Result<Vec<i64>, _>>()?;
+    let applied = applied(c).await?;
     for m in COMMON
         .iter()
         .filter(|m| m.version <= last && !applied.contains(&m.version))
     {
         c.execute_script(m.sql).await?;
-        c.execute(
-            sql(
-                "INSERT INTO orders_schema_migrations (version, name, applied_at) \
-                 VALUES ($1, $2, $3)",
-            )
-            .bind(m.version)
-            .bind(m.name)
-            .bind(now_ms()),
-        )
-        .await?;
+        record(c, m).await?;
     }
+    Ok(())
+}
+
+/// MySQL/MariaDB: applies the pending versions statement by statement, outside any
+/// transaction (each DDL statement commits on its own). The caller holds the migrators'
+/// named lock; a version is recorded after all its statements ran.
+pub(super) async fn apply_mysql(c: &mut Conn<'_>) -> Result<(), Error> {
+    c.execute_script(MYSQL_VERSIONS_TABLE).await?;
+    let applied = applied(c).await?;
+    for m in COMMON.iter().filter(|m| !applied.contains(&m.version)) {
+        let statements = MYSQL
+            .iter()
+            .find(|(v, _)| *v == m.version)
+            .map(|(_, s)| *s)
+            .ok_or_else(|| {
+                Error::Backend(format!("ledger migration {} has no MySQL form", m.version))
+            })?;
+        for statement in statements {
+            c.execute_script(statement).await?;
+        }
+        record(c, m).await?;
+    }
+    Ok(())
+}
+
+async fn applied(c: &mut Conn<'_>) -> Result<Vec<i64>, Error> {
+    c.all(sql("SELECT version FROM orders_schema_migrations"))
+        .await?
+        .iter()
+        .map(|row| row.int("version"))
+        .collect()
+}
+
+async fn record(c: &mut Conn<'_>, m: &Migration) -> Result<(), Error> {
+    c.execute(
+        sql(
+            "INSERT INTO orders_schema_migrations (version, name, applied_at) \
+             VALUES ($1, $2, $3)",
+        )
+        .bind(m.version)
+        .bind(m.name)
+        .bind(now_ms()),
+    )
+    .await?;
     Ok(())
 }
 

@@ -2,10 +2,11 @@
 //! four ledgers, so that a business write and the record that makes it idempotent commit
 //! in one transaction.
 //!
-//! Which backend it is (the embedded SQLite file or PostgreSQL) is `idem-sql`'s business:
-//! opening and the stores' migrations, the writing transaction, finishing a claim inside
-//! it, the fenced write, and the statements the ledgers ([`crate::ledgers`]) write once in
-//! the dialect both databases accept. This module adds the ledgers' own migrations
+//! Which backend it is (the embedded SQLite file, PostgreSQL or MySQL/MariaDB) is
+//! `idem-sql`'s business: opening and the stores' migrations, the writing transaction,
+//! finishing a claim inside it, the fenced write, and the statements the ledgers
+//! ([`crate::ledgers`]) write once in the dialect SQLite and PostgreSQL share, with a
+//! MySQL form next to the few that differ ([`Conn::pick`], [`Conn::insert_new`]). This module adds the ledgers' own migrations
 //! (`migrate.rs`), the service's defaults, and `Tx` / `PoolConn` / `Conn` / `Row`: the
 //! facade's types answering this crate's [`Error`] (driver errors classified by
 //! `From<sqlx::Error>`), so the ledgers' `?` keeps its meaning.
@@ -23,7 +24,7 @@ use idem_core::{
     ClaimToken, ClockShift, Finish, IdempotencyStore, Lease, LeaseStore, Record, StoreError,
 };
 use idem_postgres::PgStore;
-use idem_sql::{OpenOptions, SqlStore};
+use idem_sql::{Backend, OpenOptions, SqlStore};
 use idem_sqlite::SqliteStore;
 
 use crate::error::Error;
@@ -61,7 +62,7 @@ pub struct DatabaseOptions {
     /// PostgreSQL only: the schema holding every table (created if missing). `None`: the
     /// connection's `search_path` decides (usually `public`).
     pub pg_schema: Option<String>,
-    /// PostgreSQL pool size; default 16.
+    /// PostgreSQL (and MySQL) pool size; default 16.
     pub pg_max_connections: Option<u32>,
     /// Shift of the store clock (leases, records); tests only.
     pub clock: ClockShift,
@@ -82,7 +83,7 @@ impl std::fmt::Debug for Database {
 }
 
 impl Database {
-    /// Opens `sqlite://PATH` or `postgres://…` and applies every pending migration (the
+    /// Opens `sqlite://PATH`, `postgres://…` or `mysql://…` and applies every pending migration (the
     /// idempotency store's first, then the ledgers').
     pub async fn open(url: &str, options: DatabaseOptions) -> Result<Self, Error> {
         let mut open = OpenOptions::default();
@@ -95,6 +96,9 @@ impl Database {
         // left idle in a transaction is ended by the server.
         open.pg_lock_timeout = Some(PG_LOCK_TIMEOUT);
         open.pg_idle_in_transaction_timeout = Some(PG_IDLE_IN_TRANSACTION_TIMEOUT);
+        // MySQL's bound on row-lock waits, for the same reason (whole seconds).
+        open.mysql_lock_wait_timeout = Some(PG_LOCK_TIMEOUT);
+        open.mysql_max_connections = Some(options.pg_max_connections.unwrap_or(16));
         open.clock = options.clock;
         let options = open;
         Self::with_ledgers(SqlStore::open(url, &options).await?).await
@@ -107,21 +111,15 @@ impl Database {
 
     /// The service's database over an opened store: applies the ledgers' migrations.
     pub async fn with_ledgers(store: SqlStore) -> Result<Self, Error> {
-        // The ledgers' statements are written in the dialect SQLite and PostgreSQL share
-        // (`ON CONFLICT`, `RETURNING`): refused before anything is written.
-        if store.backend() == idem_sql::Backend::Mysql {
-            return Err(Error::InvalidInput(
-                "the order service's ledgers run on SQLite and PostgreSQL; a MySQL/MariaDB \
-                 database holds idem's own store (idem keys, lock, sweep, console)"
-                    .into(),
-            ));
-        }
         let db = Self { store };
         db.migrate().await?;
         Ok(db)
     }
 
     async fn migrate(&self) -> Result<(), Error> {
+        if self.store.backend() == Backend::Mysql {
+            return self.migrate_mysql().await;
+        }
         let mut tx = self.begin().await?;
         // Concurrent migrators of one schema take turns (CREATE TABLE IF NOT EXISTS is
         // not safe against a concurrent twin).
@@ -129,6 +127,32 @@ impl Database {
         tx.0.advisory_lock(&lock).await?;
         migrate::apply(&mut tx.conn()).await?;
         tx.commit().await
+    }
+
+    /// MySQL commits every DDL statement on its own, which would end a transaction's
+    /// row lock: migrators of one database take turns on a named server lock held by
+    /// the session instead, given back before the connection returns to the pool.
+    async fn migrate_mysql(&self) -> Result<(), Error> {
+        let mut conn = self.acquire().await?;
+        let mut c = conn.conn();
+        let got = c
+            .one(sql("SELECT GET_LOCK(CONCAT('idem-orders.migrate:', \
+                   LEFT(SHA2(DATABASE(), 256), 40)), 60) AS got"))
+            .await?
+            .opt_int("got")?;
+        if got != Some(1) {
+            return Err(Error::Unavailable(
+                "ledger migration: another migrator held the lock for 60 s".into(),
+            ));
+        }
+        let applied = migrate::apply_mysql(&mut c).await;
+        let released = c
+            .execute(sql(
+                "DO RELEASE_LOCK(CONCAT('idem-orders.migrate:', LEFT(SHA2(DATABASE(), 256), 40)))",
+            ))
+            .await;
+        applied?;
+        released.map(drop)
     }
 
     /// Whether the database answers and its schemas are the ones this build needs: the
@@ -154,7 +178,7 @@ impl Database {
         })
     }
 
-    /// `sqlite` or `postgres`.
+    /// `sqlite`, `postgres` or `mysql`.
     pub fn backend(&self) -> &'static str {
         self.store.backend().as_str()
     }
@@ -279,8 +303,36 @@ pub(crate) struct Conn<'c>(idem_sql::Conn<'c>);
 
 impl Conn<'_> {
     /// Which database the statements go to, for the few that differ (row locks).
-    pub(crate) fn backend(&self) -> idem_sql::Backend {
+    pub(crate) fn backend(&self) -> Backend {
         self.0.backend()
+    }
+
+    /// `shared` on SQLite and PostgreSQL, `mysql` on MySQL/MariaDB: for the statements
+    /// whose forms differ (no `ON CONFLICT`, `RETURNING`, `||` or `CAST(… AS BIGINT)`).
+    pub(crate) fn pick(&self, shared: &'static str, mysql: &'static str) -> &'static str {
+        if self.backend() == Backend::Mysql {
+            mysql
+        } else {
+            shared
+        }
+    }
+
+    /// An insert that writes nothing when a unique key already holds its row: the shared
+    /// form says so with `ON CONFLICT … DO NOTHING`; on MySQL `q` is the plain `INSERT`
+    /// and a duplicate-key refusal counts as 0 rows (InnoDB rolls back only the
+    /// statement, the transaction goes on). Not `INSERT IGNORE`, which would also pass
+    /// over other errors; not `ON DUPLICATE KEY UPDATE`, whose rows affected cannot tell
+    /// a kept row from a fresh one on a connection with `CLIENT_FOUND_ROWS` (sqlx's).
+    pub(crate) async fn insert_new(&mut self, q: Sql) -> Result<u64, Error> {
+        match self.0.execute(q).await {
+            Err(sqlx::Error::Database(e))
+                if self.backend() == Backend::Mysql
+                    && e.kind() == sqlx::error::ErrorKind::UniqueViolation =>
+            {
+                Ok(0)
+            }
+            done => Ok(done?),
+        }
     }
 
     /// Rows affected.

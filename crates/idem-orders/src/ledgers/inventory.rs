@@ -4,9 +4,9 @@
 //! Owns the `inventory`, `inventory_buckets` and `inventory_holds` statements. A show's
 //! stock is split across [`STOCK_BUCKETS`] bucket rows (plus `inventory.available`, a
 //! reserve that only stock from before the buckets can be in), so concurrent orders of
-//! one show lock different rows and commit in parallel: on PostgreSQL a taker skips the
-//! buckets others hold (`FOR UPDATE SKIP LOCKED`), so a paused holder blocks one bucket,
-//! never the show. An order takes from one bucket in one statement; only when no single
+//! one show lock different rows and commit in parallel: on PostgreSQL and MySQL a taker
+//! skips the buckets others hold (`FOR UPDATE SKIP LOCKED`), so a paused holder blocks
+//! one bucket, never the show. An order takes from one bucket in one statement; only when no single
 //! free bucket covers it does it gather from several (and the reserve), and when the
 //! stock it needs is all held by others it answers busy instead of waiting. Conservation:
 //! `capacity = reserve + Σ buckets + Σ held holds`. A release records the fencing token
@@ -114,35 +114,48 @@ pub(crate) async fn seed_show(
     seed: &ShowSeed,
     now: i64,
 ) -> Result<Show, Error> {
+    let insert = c.pick(
+        "INSERT INTO inventory (tenant_id, show_id, title, capacity, available, \
+           per_order_limit, price_cents, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $7) \
+         ON CONFLICT (tenant_id, show_id) DO NOTHING",
+        "INSERT INTO inventory (tenant_id, show_id, title, capacity, available, \
+           per_order_limit, price_cents, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $7)",
+    );
     let created = c
-        .execute(
-            sql(
-                "INSERT INTO inventory (tenant_id, show_id, title, capacity, available, \
-                   per_order_limit, price_cents, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $7) \
-                 ON CONFLICT (tenant_id, show_id) DO NOTHING",
-            )
-            .bind(tenant)
-            .bind(&seed.show_id)
-            .bind(&seed.title)
-            .bind(seed.capacity)
-            .bind(seed.per_order_limit)
-            .bind(seed.price_cents)
-            .bind(now),
+        .insert_new(
+            sql(insert)
+                .bind(tenant)
+                .bind(&seed.show_id)
+                .bind(&seed.title)
+                .bind(seed.capacity)
+                .bind(seed.per_order_limit)
+                .bind(seed.price_cents)
+                .bind(now),
         )
         .await?;
     if created == 1 {
+        // MySQL: the CTE follows INSERT, and `/` would divide exactly (`DIV` truncates).
+        let buckets = c.pick(
+            "WITH RECURSIVE n(bucket) AS (SELECT CAST(0 AS BIGINT) \
+               UNION ALL SELECT bucket + 1 FROM n WHERE bucket + 1 < $4) \
+             INSERT INTO inventory_buckets (tenant_id, show_id, bucket, available, updated_at) \
+             SELECT $1, $2, bucket, \
+               $3 / $4 + CASE WHEN bucket < $3 % $4 THEN 1 ELSE 0 END, $5 FROM n",
+            "INSERT INTO inventory_buckets (tenant_id, show_id, bucket, available, updated_at) \
+             WITH RECURSIVE n(bucket) AS (SELECT CAST(0 AS SIGNED) \
+               UNION ALL SELECT bucket + 1 FROM n WHERE bucket + 1 < $4) \
+             SELECT $1, $2, bucket, \
+               $3 DIV $4 + CASE WHEN bucket < $3 % $4 THEN 1 ELSE 0 END, $5 FROM n",
+        );
         c.execute(
-            sql("WITH RECURSIVE n(bucket) AS (SELECT CAST(0 AS BIGINT) \
-                   UNION ALL SELECT bucket + 1 FROM n WHERE bucket + 1 < $4) \
-                 INSERT INTO inventory_buckets (tenant_id, show_id, bucket, available, updated_at) \
-                 SELECT $1, $2, bucket, \
-                   $3 / $4 + CASE WHEN bucket < $3 % $4 THEN 1 ELSE 0 END, $5 FROM n")
-            .bind(tenant)
-            .bind(&seed.show_id)
-            .bind(seed.capacity)
-            .bind(STOCK_BUCKETS)
-            .bind(now),
+            sql(buckets)
+                .bind(tenant)
+                .bind(&seed.show_id)
+                .bind(seed.capacity)
+                .bind(STOCK_BUCKETS)
+                .bind(now),
         )
         .await?;
     }
@@ -158,13 +171,21 @@ const SHOW_COLUMNS: &str = "SELECT i.show_id, i.title, i.capacity, \
          AS available, \
        i.per_order_limit, i.price_cents \
      FROM inventory i WHERE i.tenant_id = $1 AND i.show_id = $2";
+/// MySQL: its `SUM` is a DECIMAL, cast to `SIGNED` (its 64-bit integer).
+const SHOW_COLUMNS_MYSQL: &str = "SELECT i.show_id, i.title, i.capacity, \
+       i.available + CAST(COALESCE((SELECT SUM(b.available) FROM inventory_buckets b \
+         WHERE b.tenant_id = i.tenant_id AND b.show_id = i.show_id), 0) AS SIGNED) \
+         AS available, \
+       i.per_order_limit, i.price_cents \
+     FROM inventory i WHERE i.tenant_id = $1 AND i.show_id = $2";
 
 pub(crate) async fn show(
     c: &mut Conn<'_>,
     tenant: &str,
     show_id: &str,
 ) -> Result<Option<Show>, Error> {
-    c.optional(sql(SHOW_COLUMNS).bind(tenant).bind(show_id))
+    let q = c.pick(SHOW_COLUMNS, SHOW_COLUMNS_MYSQL);
+    c.optional(sql(q).bind(tenant).bind(show_id))
         .await?
         .as_ref()
         .map(show_from)
@@ -194,8 +215,16 @@ pub(crate) async fn take_stock(
     now: i64,
     start: u64,
 ) -> Result<Take, Error> {
-    let pg = c.backend() == Backend::Postgres;
+    let backend = c.backend();
     let start = i64::try_from(start % STOCK_BUCKETS.unsigned_abs()).unwrap_or(0);
+    if backend == Backend::Mysql {
+        if let Some(bucket) = free_bucket_mysql(c, tenant, show_id, quantity, start).await? {
+            take_from(c, tenant, show_id, bucket, quantity, now).await?;
+            return Ok(Take::Taken);
+        }
+        return gather(c, backend, tenant, show_id, quantity, now).await;
+    }
+    let pg = backend == Backend::Postgres;
     // One free bucket that covers the order, searched from `start` round to it.
     let one = if pg {
         "UPDATE inventory_buckets SET available = available - $3, updated_at = $4 \
@@ -223,7 +252,36 @@ pub(crate) async fn take_stock(
     if taken == 1 {
         return Ok(Take::Taken);
     }
-    gather(c, pg, tenant, show_id, quantity, now).await
+    gather(c, backend, tenant, show_id, quantity, now).await
+}
+
+/// MySQL: locks one free bucket that covers `quantity`, searched from `start` round to
+/// it. MySQL has no `UPDATE … WHERE key = (SELECT … FROM the same table)`, and InnoDB
+/// locks every row a locking read reads, before `LIMIT`: each search walks the primary
+/// key in order (no sort), so it locks only the bucket it returns.
+async fn free_bucket_mysql(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    show_id: &str,
+    quantity: i64,
+    start: i64,
+) -> Result<Option<i64>, Error> {
+    for q in [
+        "SELECT bucket FROM inventory_buckets \
+         WHERE tenant_id = $1 AND show_id = $2 AND bucket >= $4 AND available >= $3 \
+         ORDER BY bucket LIMIT 1 FOR UPDATE SKIP LOCKED",
+        "SELECT bucket FROM inventory_buckets \
+         WHERE tenant_id = $1 AND show_id = $2 AND bucket < $4 AND available >= $3 \
+         ORDER BY bucket LIMIT 1 FOR UPDATE SKIP LOCKED",
+    ] {
+        let row = c
+            .optional(sql(q).bind(tenant).bind(show_id).bind(quantity).bind(start))
+            .await?;
+        if let Some(row) = row {
+            return Ok(Some(row.int("bucket")?));
+        }
+    }
+    Ok(None)
 }
 
 /// The slow path: no free bucket covers the order alone. Locks what is free of the
@@ -232,13 +290,14 @@ pub(crate) async fn take_stock(
 /// tells sold out from busy.
 async fn gather(
     c: &mut Conn<'_>,
-    pg: bool,
+    backend: Backend,
     tenant: &str,
     show_id: &str,
     quantity: i64,
     now: i64,
 ) -> Result<Take, Error> {
-    let (reserve_q, buckets_q) = if pg {
+    // PostgreSQL and MySQL skip the rows others hold; SQLite has one writer at a time.
+    let (reserve_q, buckets_q) = if backend != Backend::Sqlite {
         (
             "SELECT available FROM inventory \
              WHERE tenant_id = $1 AND show_id = $2 AND available > 0 FOR UPDATE SKIP LOCKED",
@@ -296,21 +355,35 @@ async fn gather(
             break;
         }
         let take = available.min(left);
-        c.execute(
-            sql(
-                "UPDATE inventory_buckets SET available = available - $4, updated_at = $5 \
-                 WHERE tenant_id = $1 AND show_id = $2 AND bucket = $3",
-            )
-            .bind(tenant)
-            .bind(show_id)
-            .bind(bucket)
-            .bind(take)
-            .bind(now),
-        )
-        .await?;
+        take_from(c, tenant, show_id, bucket, take, now).await?;
         left -= take;
     }
     Ok(Take::Taken)
+}
+
+/// Takes `quantity` from one bucket this transaction has locked (a negative one puts
+/// it back).
+async fn take_from(
+    c: &mut Conn<'_>,
+    tenant: &str,
+    show_id: &str,
+    bucket: i64,
+    quantity: i64,
+    now: i64,
+) -> Result<(), Error> {
+    c.execute(
+        sql(
+            "UPDATE inventory_buckets SET available = available - $4, updated_at = $5 \
+             WHERE tenant_id = $1 AND show_id = $2 AND bucket = $3",
+        )
+        .bind(tenant)
+        .bind(show_id)
+        .bind(bucket)
+        .bind(quantity)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
 }
 
 /// One inventory hold (voucher) per order.
@@ -404,47 +477,83 @@ pub(crate) async fn release_hold(
     owner: &str,
     now: i64,
 ) -> Result<bool, Error> {
-    let released = c
-        .optional(
-            sql(
-                "UPDATE inventory_holds SET status = 'released', released_at = $3, \
-                   release_token = $4, release_owner = $5 \
-                 WHERE tenant_id = $1 AND order_id = $2 AND status = 'held' \
-                 RETURNING show_id, quantity",
-            )
+    let release = c.pick(
+        "UPDATE inventory_holds SET status = 'released', released_at = $3, \
+           release_token = $4, release_owner = $5 \
+         WHERE tenant_id = $1 AND order_id = $2 AND status = 'held' \
+         RETURNING show_id, quantity",
+        // MySQL has no UPDATE … RETURNING: the row is read back below.
+        "UPDATE inventory_holds SET status = 'released', released_at = $3, \
+           release_token = $4, release_owner = $5 \
+         WHERE tenant_id = $1 AND order_id = $2 AND status = 'held'",
+    );
+    let q = sql(release)
+        .bind(tenant)
+        .bind(order_id)
+        .bind(now)
+        .bind(token)
+        .bind(owner);
+    let released = if c.backend() == Backend::Mysql {
+        if c.execute(q).await? == 0 {
+            return Ok(false);
+        }
+        // The row this transaction just updated (and holds locked).
+        c.optional(
+            sql("SELECT show_id, quantity FROM inventory_holds \
+                 WHERE tenant_id = $1 AND order_id = $2")
             .bind(tenant)
-            .bind(order_id)
-            .bind(now)
-            .bind(token)
-            .bind(owner),
+            .bind(order_id),
         )
-        .await?;
+        .await?
+    } else {
+        c.optional(q).await?
+    };
     let Some(row) = released else {
         return Ok(false);
     };
     let show_id = row.text("show_id")?;
     let quantity = row.int("quantity")?;
     // Back into a bucket nobody holds (any will do); the reserve when all are held.
-    let into_bucket = if c.backend() == Backend::Postgres {
-        "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
-         WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
-           SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
-           ORDER BY available LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    let returned = if c.backend() == Backend::Mysql {
+        // In key order, not by `available`: InnoDB would lock every bucket it sorted.
+        let free = c
+            .optional(
+                sql(
+                    "SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
+                     ORDER BY bucket LIMIT 1 FOR UPDATE SKIP LOCKED",
+                )
+                .bind(tenant)
+                .bind(&show_id),
+            )
+            .await?;
+        match free {
+            Some(bucket) => {
+                take_from(c, tenant, &show_id, bucket.int("bucket")?, -quantity, now).await?;
+                1
+            }
+            None => 0,
+        }
     } else {
-        "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
-         WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
-           SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
-           ORDER BY available LIMIT 1)"
-    };
-    let returned = c
-        .execute(
+        let into_bucket = if c.backend() == Backend::Postgres {
+            "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
+             WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
+               SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
+               ORDER BY available LIMIT 1 FOR UPDATE SKIP LOCKED)"
+        } else {
+            "UPDATE inventory_buckets SET available = available + $3, updated_at = $4 \
+             WHERE tenant_id = $1 AND show_id = $2 AND bucket = ( \
+               SELECT bucket FROM inventory_buckets WHERE tenant_id = $1 AND show_id = $2 \
+               ORDER BY available LIMIT 1)"
+        };
+        c.execute(
             sql(into_bucket)
                 .bind(tenant)
                 .bind(&show_id)
                 .bind(quantity)
                 .bind(now),
         )
-        .await?;
+        .await?
+    };
     if returned == 0 {
         c.execute(
             sql(

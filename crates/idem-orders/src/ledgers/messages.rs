@@ -74,21 +74,24 @@ pub(crate) async fn emit(
         "client_session": order.client_session,
         "status": order.status,
     });
+    let insert = c.pick(
+        "INSERT INTO outbox_messages (message_id, tenant_id, topic, order_id, user_id, \
+           show_id, payload, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (tenant_id, topic, order_id) DO NOTHING",
+        "INSERT INTO outbox_messages (message_id, tenant_id, topic, order_id, user_id, \
+           show_id, payload, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    );
     let written = c
-        .execute(
-            sql(
-                "INSERT INTO outbox_messages (message_id, tenant_id, topic, order_id, user_id, \
-                   show_id, payload, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                 ON CONFLICT (tenant_id, topic, order_id) DO NOTHING",
-            )
-            .bind(&message_id)
-            .bind(&order.tenant_id)
-            .bind(topic)
-            .bind(&order.order_id)
-            .bind(&order.user_id)
-            .bind(&order.show_id)
-            .bind(payload.to_string())
-            .bind(now),
+        .insert_new(
+            sql(insert)
+                .bind(&message_id)
+                .bind(&order.tenant_id)
+                .bind(topic)
+                .bind(&order.order_id)
+                .bind(&order.user_id)
+                .bind(&order.show_id)
+                .bind(payload.to_string())
+                .bind(now),
         )
         .await?;
     Ok((written == 1).then_some(message_id))
@@ -110,10 +113,11 @@ pub(crate) async fn messages_of(
 }
 
 /// The oldest unpublished messages, locked for the caller's transaction, skipping rows
-/// another relay holds (PostgreSQL): relays of several instances take disjoint batches,
-/// and a paused one holds back only its own.
+/// another relay holds (PostgreSQL, MySQL): relays of several instances take disjoint
+/// batches, and a paused one holds back only its own. (On MySQL the sort is served by the
+/// `(published_at, created_at)` index, so InnoDB locks only the rows it returns.)
 pub(crate) async fn lock_unpublished(c: &mut Conn<'_>, limit: i64) -> Result<Vec<Message>, Error> {
-    let q = if c.backend() == Backend::Postgres {
+    let q = if c.backend() != Backend::Sqlite {
         "SELECT message_id, tenant_id, topic, order_id, user_id, show_id, payload, \
            created_at, published_at FROM outbox_messages WHERE published_at IS NULL \
          ORDER BY created_at, message_id LIMIT $1 FOR UPDATE SKIP LOCKED"
@@ -164,17 +168,15 @@ pub(crate) async fn enqueue_delivery(
     message_id: &str,
     now: i64,
 ) -> Result<(), Error> {
-    c.execute(
-        sql(
-            "INSERT INTO message_deliveries (consumer, message_id, state, attempts, \
-               available_at, created_at) VALUES ($1, $2, 'pending', 0, $3, $3) \
-             ON CONFLICT (consumer, message_id) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(message_id)
-        .bind(now),
-    )
-    .await?;
+    let insert = c.pick(
+        "INSERT INTO message_deliveries (consumer, message_id, state, attempts, \
+           available_at, created_at) VALUES ($1, $2, 'pending', 0, $3, $3) \
+         ON CONFLICT (consumer, message_id) DO NOTHING",
+        "INSERT INTO message_deliveries (consumer, message_id, state, attempts, \
+           available_at, created_at) VALUES ($1, $2, 'pending', 0, $3, $3)",
+    );
+    c.insert_new(sql(insert).bind(consumer).bind(message_id).bind(now))
+        .await?;
     Ok(())
 }
 
@@ -191,21 +193,23 @@ pub(crate) async fn claim_deliveries(
     limit: i64,
 ) -> Result<Vec<Message>, Error> {
     let claim = new_id("claim");
-    let q = if c.backend() == Backend::Postgres {
-        "UPDATE message_deliveries SET available_at = $4, claim = $5 \
+    let claimed = if c.backend() == Backend::Mysql {
+        claim_mysql(c, consumer, now, until, limit, &claim).await?
+    } else {
+        let q = if c.backend() == Backend::Postgres {
+            "UPDATE message_deliveries SET available_at = $4, claim = $5 \
          WHERE consumer = $1 AND message_id IN ( \
            SELECT message_id FROM message_deliveries \
            WHERE consumer = $1 AND state = 'pending' AND available_at <= $2 \
            ORDER BY available_at, message_id LIMIT $3 FOR UPDATE SKIP LOCKED)"
-    } else {
-        "UPDATE message_deliveries SET available_at = $4, claim = $5 \
+        } else {
+            "UPDATE message_deliveries SET available_at = $4, claim = $5 \
          WHERE consumer = $1 AND message_id IN ( \
            SELECT message_id FROM message_deliveries \
            WHERE consumer = $1 AND state = 'pending' AND available_at <= $2 \
            ORDER BY available_at, message_id LIMIT $3)"
-    };
-    let claimed = c
-        .execute(
+        };
+        c.execute(
             sql(q)
                 .bind(consumer)
                 .bind(now)
@@ -213,7 +217,8 @@ pub(crate) async fn claim_deliveries(
                 .bind(until)
                 .bind(claim.as_str()),
         )
-        .await?;
+        .await?
+    };
     if claimed == 0 {
         return Ok(Vec::new());
     }
@@ -232,6 +237,44 @@ pub(crate) async fn claim_deliveries(
     .iter()
     .map(message_from)
     .collect()
+}
+
+/// MySQL: the due deliveries are locked first, then claimed one by one. MySQL refuses an
+/// `UPDATE` whose subquery reads the same table, and `LIMIT` inside `IN (…)`.
+async fn claim_mysql(
+    c: &mut Conn<'_>,
+    consumer: &str,
+    now: i64,
+    until: i64,
+    limit: i64,
+    claim: &str,
+) -> Result<u64, Error> {
+    let due = c
+        .all(
+            sql("SELECT message_id FROM message_deliveries \
+                 WHERE consumer = $1 AND state = 'pending' AND available_at <= $2 \
+                 ORDER BY available_at, message_id LIMIT $3 FOR UPDATE SKIP LOCKED")
+            .bind(consumer)
+            .bind(now)
+            .bind(limit),
+        )
+        .await?;
+    let mut claimed = 0;
+    for row in due {
+        c.execute(
+            sql(
+                "UPDATE message_deliveries SET available_at = $3, claim = $4 \
+                 WHERE consumer = $1 AND message_id = $2",
+            )
+            .bind(consumer)
+            .bind(row.text("message_id")?)
+            .bind(until)
+            .bind(claim),
+        )
+        .await?;
+        claimed += 1;
+    }
+    Ok(claimed)
 }
 
 /// Ends a delivery: acked, or back to pending until `retry_at` with the reason.
@@ -325,19 +368,22 @@ pub(crate) async fn mark_processed(
     outcome: &str,
     now: i64,
 ) -> Result<bool, Error> {
-    Ok(c.execute(
-        sql(
-            "INSERT INTO consumer_processed (consumer, tenant_id, business_key, order_id, \
-               message_id, outcome, processed_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-             ON CONFLICT (consumer, tenant_id, business_key) DO NOTHING",
-        )
-        .bind(consumer)
-        .bind(tenant)
-        .bind(business_key)
-        .bind(order_id)
-        .bind(message_id)
-        .bind(outcome)
-        .bind(now),
+    let insert = c.pick(
+        "INSERT INTO consumer_processed (consumer, tenant_id, business_key, order_id, \
+           message_id, outcome, processed_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (consumer, tenant_id, business_key) DO NOTHING",
+        "INSERT INTO consumer_processed (consumer, tenant_id, business_key, order_id, \
+           message_id, outcome, processed_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    );
+    Ok(c.insert_new(
+        sql(insert)
+            .bind(consumer)
+            .bind(tenant)
+            .bind(business_key)
+            .bind(order_id)
+            .bind(message_id)
+            .bind(outcome)
+            .bind(now),
     )
     .await?
         == 1)

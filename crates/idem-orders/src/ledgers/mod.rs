@@ -1,5 +1,8 @@
 //! The four ledgers — orders, payments, inventory, messages — as rows and the statements
-//! that read and write them. Written once, in the SQL both backends accept.
+//! that read and write them. Written once, in the SQL SQLite and PostgreSQL both accept;
+//! where MySQL/MariaDB needs another form (no `ON CONFLICT`, no `RETURNING`, no `UPDATE`
+//! of a table its own subquery reads), that form sits next to the shared one, chosen by
+//! the connection's backend.
 //!
 //! Owns the row shapes and every statement on the ledger tables. Every status write is a
 //! compare-and-set on the status the caller read, and asks [`crate::machine::transition`]
@@ -62,22 +65,30 @@ pub struct LedgerCounts {
     pub provider_calls: i64,
 }
 
-pub(crate) async fn counts(c: &mut Conn<'_>, tenant: &str) -> Result<LedgerCounts, Error> {
-    let row = c
-        .one(
-            sql("SELECT \
-                   (SELECT COUNT(*) FROM orders WHERE tenant_id = $1) AS orders, \
-                   (SELECT COUNT(*) FROM payments WHERE tenant_id = $1 AND kind = 'charge') AS charges, \
-                   (SELECT COUNT(*) FROM payments WHERE tenant_id = $1 AND kind = 'refund') AS refunds, \
-                   (SELECT COUNT(*) FROM inventory_holds WHERE tenant_id = $1 AND status = 'held') AS held, \
-                   (SELECT COUNT(*) FROM inventory_holds WHERE tenant_id = $1 AND status = 'released') AS released, \
-                   (SELECT COUNT(*) FROM tickets WHERE tenant_id = $1) AS tickets, \
-                   (SELECT COUNT(*) FROM outbox_messages WHERE tenant_id = $1) AS messages, \
-                   (SELECT COUNT(*) FROM outbox_messages WHERE tenant_id = $1 AND published_at IS NULL) AS unpublished, \
-                   (SELECT CAST(COALESCE(SUM(calls), 0) AS BIGINT) FROM psp_operations WHERE tenant_id = $1) AS calls")
-            .bind(tenant),
+/// The row counts of a tenant in one statement, with the integer cast of `$calls`.
+macro_rules! counts_sql {
+    ($calls:literal) => {
+        concat!(
+            "SELECT \
+               (SELECT COUNT(*) FROM orders WHERE tenant_id = $1) AS orders, \
+               (SELECT COUNT(*) FROM payments WHERE tenant_id = $1 AND kind = 'charge') AS charges, \
+               (SELECT COUNT(*) FROM payments WHERE tenant_id = $1 AND kind = 'refund') AS refunds, \
+               (SELECT COUNT(*) FROM inventory_holds WHERE tenant_id = $1 AND status = 'held') AS held, \
+               (SELECT COUNT(*) FROM inventory_holds WHERE tenant_id = $1 AND status = 'released') AS released, \
+               (SELECT COUNT(*) FROM tickets WHERE tenant_id = $1) AS tickets, \
+               (SELECT COUNT(*) FROM outbox_messages WHERE tenant_id = $1) AS messages, \
+               (SELECT COUNT(*) FROM outbox_messages WHERE tenant_id = $1 AND published_at IS NULL) AS unpublished, \
+               (SELECT CAST(COALESCE(SUM(calls), 0) AS ",
+            $calls,
+            ") FROM psp_operations WHERE tenant_id = $1) AS calls"
         )
-        .await?;
+    };
+}
+
+pub(crate) async fn counts(c: &mut Conn<'_>, tenant: &str) -> Result<LedgerCounts, Error> {
+    // MySQL's `SUM` is a DECIMAL and its 64-bit integer cast is `SIGNED`.
+    let q = c.pick(counts_sql!("BIGINT"), counts_sql!("SIGNED"));
+    let row = c.one(sql(q).bind(tenant)).await?;
     Ok(LedgerCounts {
         orders: row.int("orders")?,
         charges: row.int("charges")?,

@@ -6,6 +6,7 @@
 //! caller read. It must not decide which event a request means, and never deletes a
 //! row.
 
+use idem_sql::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::new_id;
@@ -86,26 +87,31 @@ pub(crate) async fn insert_order(
     order: &Order,
     actor: &Actor<'_>,
 ) -> Result<bool, Error> {
+    let insert = c.pick(
+        "INSERT INTO orders (order_id, tenant_id, user_id, show_id, quantity, \
+           amount_cents, client_session, idempotency_key, status, version, created_at, \
+           updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $10) \
+         ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL \
+         DO NOTHING",
+        "INSERT INTO orders (order_id, tenant_id, user_id, show_id, quantity, \
+           amount_cents, client_session, idempotency_key, status, version, created_at, \
+           updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $10)",
+    );
     let inserted = c
-        .execute(
-            sql(
-                "INSERT INTO orders (order_id, tenant_id, user_id, show_id, quantity, \
-               amount_cents, client_session, idempotency_key, status, version, created_at, \
-               updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10, $10) \
-             ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL \
-             DO NOTHING",
-            )
-            .bind(&order.order_id)
-            .bind(&order.tenant_id)
-            .bind(&order.user_id)
-            .bind(&order.show_id)
-            .bind(order.quantity)
-            .bind(order.amount_cents)
-            .bind(order.client_session.clone())
-            .bind(order.idempotency_key.clone())
-            .bind(order.status.as_str())
-            .bind(order.created_at),
+        .insert_new(
+            sql(insert)
+                .bind(&order.order_id)
+                .bind(&order.tenant_id)
+                .bind(&order.user_id)
+                .bind(&order.show_id)
+                .bind(order.quantity)
+                .bind(order.amount_cents)
+                .bind(order.client_session.clone())
+                .bind(order.idempotency_key.clone())
+                .bind(order.status.as_str())
+                .bind(order.created_at),
         )
         .await?;
     if inserted == 0 {
@@ -231,30 +237,45 @@ pub(crate) async fn move_order(
     now: i64,
 ) -> Result<Order, MoveError> {
     let to = transition(order.status, event).map_err(MoveError::Illegal)?;
-    let row = c
-        .optional(
-            sql(
-                "UPDATE orders SET status = $4, version = version + 1, updated_at = $5, \
-                   paid_at = CASE WHEN $4 = 'paid' THEN $5 ELSE paid_at END, \
-                   ticketed_at = CASE WHEN $4 = 'ticketed' THEN $5 ELSE ticketed_at END, \
-                   refunded_at = CASE WHEN $4 = 'refunded' THEN $5 ELSE refunded_at END, \
-                   cancelled_at = CASE WHEN $4 = 'cancelled' THEN $5 ELSE cancelled_at END \
-                 WHERE tenant_id = $1 AND order_id = $2 AND status = $3 \
-                 RETURNING order_id, tenant_id, user_id, show_id, quantity, amount_cents, \
-                   client_session, idempotency_key, status, version, created_at, updated_at, \
-                   paid_at, ticketed_at, refunded_at, cancelled_at",
-            )
-            .bind(&order.tenant_id)
-            .bind(&order.order_id)
-            .bind(order.status.as_str())
-            .bind(to.as_str())
-            .bind(now),
-        )
-        .await?;
-    let Some(row) = row else {
+    let update = c.pick(
+        "UPDATE orders SET status = $4, version = version + 1, updated_at = $5, \
+           paid_at = CASE WHEN $4 = 'paid' THEN $5 ELSE paid_at END, \
+           ticketed_at = CASE WHEN $4 = 'ticketed' THEN $5 ELSE ticketed_at END, \
+           refunded_at = CASE WHEN $4 = 'refunded' THEN $5 ELSE refunded_at END, \
+           cancelled_at = CASE WHEN $4 = 'cancelled' THEN $5 ELSE cancelled_at END \
+         WHERE tenant_id = $1 AND order_id = $2 AND status = $3 \
+         RETURNING order_id, tenant_id, user_id, show_id, quantity, amount_cents, \
+           client_session, idempotency_key, status, version, created_at, updated_at, \
+           paid_at, ticketed_at, refunded_at, cancelled_at",
+        // MySQL has no UPDATE … RETURNING: the moved row is read back below.
+        "UPDATE orders SET status = $4, version = version + 1, updated_at = $5, \
+           paid_at = CASE WHEN $4 = 'paid' THEN $5 ELSE paid_at END, \
+           ticketed_at = CASE WHEN $4 = 'ticketed' THEN $5 ELSE ticketed_at END, \
+           refunded_at = CASE WHEN $4 = 'refunded' THEN $5 ELSE refunded_at END, \
+           cancelled_at = CASE WHEN $4 = 'cancelled' THEN $5 ELSE cancelled_at END \
+         WHERE tenant_id = $1 AND order_id = $2 AND status = $3",
+    );
+    let q = sql(update)
+        .bind(&order.tenant_id)
+        .bind(&order.order_id)
+        .bind(order.status.as_str())
+        .bind(to.as_str())
+        .bind(now);
+    let row = if c.backend() == Backend::Mysql {
+        if c.execute(q).await? == 0 {
+            return Err(MoveError::Raced);
+        }
+        // This transaction's own write, which it holds locked.
+        self::order(c, &order.tenant_id, &order.order_id).await?
+    } else {
+        c.optional(q)
+            .await?
+            .map(|row| order_from(&row))
+            .transpose()?
+    };
+    let Some(moved) = row else {
         return Err(MoveError::Raced);
     };
-    let moved = order_from(&row)?;
     log_transition(
         c,
         &moved,
@@ -327,20 +348,23 @@ pub(crate) async fn insert_ticket(
     message_id: &str,
     now: i64,
 ) -> Result<bool, Error> {
-    Ok(c.execute(
-        sql(
-            "INSERT INTO tickets (ticket_id, tenant_id, order_id, user_id, show_id, quantity, \
-               issued_at, message_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT (order_id) DO NOTHING",
-        )
-        .bind(new_id("tkt"))
-        .bind(&order.tenant_id)
-        .bind(&order.order_id)
-        .bind(&order.user_id)
-        .bind(&order.show_id)
-        .bind(order.quantity)
-        .bind(now)
-        .bind(message_id),
+    let insert = c.pick(
+        "INSERT INTO tickets (ticket_id, tenant_id, order_id, user_id, show_id, quantity, \
+           issued_at, message_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (order_id) DO NOTHING",
+        "INSERT INTO tickets (ticket_id, tenant_id, order_id, user_id, show_id, quantity, \
+           issued_at, message_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    );
+    Ok(c.insert_new(
+        sql(insert)
+            .bind(new_id("tkt"))
+            .bind(&order.tenant_id)
+            .bind(&order.order_id)
+            .bind(&order.user_id)
+            .bind(&order.show_id)
+            .bind(order.quantity)
+            .bind(now)
+            .bind(message_id),
     )
     .await?
         == 1)

@@ -38,21 +38,25 @@ pub(crate) async fn record_payment(
     amount_cents: i64,
     now: i64,
 ) -> Result<bool, Error> {
-    Ok(c.execute(
-        sql(
-            "INSERT INTO payments (payment_id, tenant_id, order_id, kind, provider_key, \
-               provider_ref, amount_cents, status, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'succeeded', $8) \
-             ON CONFLICT (tenant_id, provider_key) DO NOTHING",
-        )
-        .bind(new_id("pay"))
-        .bind(tenant)
-        .bind(order_id)
-        .bind(kind)
-        .bind(provider_key)
-        .bind(provider_ref)
-        .bind(amount_cents)
-        .bind(now),
+    let insert = c.pick(
+        "INSERT INTO payments (payment_id, tenant_id, order_id, kind, provider_key, \
+           provider_ref, amount_cents, status, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'succeeded', $8) \
+         ON CONFLICT (tenant_id, provider_key) DO NOTHING",
+        "INSERT INTO payments (payment_id, tenant_id, order_id, kind, provider_key, \
+           provider_ref, amount_cents, status, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'succeeded', $8)",
+    );
+    Ok(c.insert_new(
+        sql(insert)
+            .bind(new_id("pay"))
+            .bind(tenant)
+            .bind(order_id)
+            .bind(kind)
+            .bind(provider_key)
+            .bind(provider_ref)
+            .bind(amount_cents)
+            .bind(now),
     )
     .await?
         == 1)

@@ -154,17 +154,28 @@ impl Grouper {
     }
 }
 
-const SCAN: &str = "SELECT o.order_id, o.tenant_id, o.user_id, o.show_id, o.quantity, \
-       o.amount_cents, o.client_session, o.idempotency_key, o.status, o.created_at, \
-       h.status AS hold_status, m.outcome AS mark \
-     FROM orders o \
-     LEFT JOIN inventory_holds h ON h.order_id = o.order_id \
-     LEFT JOIN consumer_processed m ON m.consumer = 'reconciler' \
-       AND m.tenant_id = o.tenant_id AND m.business_key = 'duplicate:' || o.order_id \
-     WHERE ($1 IS NULL OR o.tenant_id = $1) AND ($2 IS NULL OR o.user_id = $2) \
-       AND ($3 IS NULL OR o.show_id = $3) AND ($4 IS NULL OR o.created_at >= $4) \
-       AND ($5 IS NULL OR o.created_at < $5) \
-     ORDER BY o.tenant_id, o.user_id, o.show_id, o.created_at, o.order_id";
+/// The orders in scope with their hold and reconciler mark; `$key` builds the mark's
+/// business key (`'duplicate:' || id`; MySQL, where `||` is OR: `CONCAT`).
+macro_rules! scan_sql {
+    ($key:literal) => {
+        concat!(
+            "SELECT o.order_id, o.tenant_id, o.user_id, o.show_id, o.quantity, \
+               o.amount_cents, o.client_session, o.idempotency_key, o.status, o.created_at, \
+               h.status AS hold_status, m.outcome AS mark \
+             FROM orders o \
+             LEFT JOIN inventory_holds h ON h.order_id = o.order_id \
+             LEFT JOIN consumer_processed m ON m.consumer = 'reconciler' \
+               AND m.tenant_id = o.tenant_id AND m.business_key = ",
+            $key,
+            " WHERE ($1 IS NULL OR o.tenant_id = $1) AND ($2 IS NULL OR o.user_id = $2) \
+               AND ($3 IS NULL OR o.show_id = $3) AND ($4 IS NULL OR o.created_at >= $4) \
+               AND ($5 IS NULL OR o.created_at < $5) \
+             ORDER BY o.tenant_id, o.user_id, o.show_id, o.created_at, o.order_id"
+        )
+    };
+}
+const SCAN: &str = scan_sql!("'duplicate:' || o.order_id");
+const SCAN_MYSQL: &str = scan_sql!("CONCAT('duplicate:', o.order_id)");
 
 const COUNT: &str = "SELECT COUNT(*) AS n FROM orders o \
      WHERE ($1 IS NULL OR o.tenant_id = $1) AND ($2 IS NULL OR o.user_id = $2) \
@@ -231,9 +242,9 @@ pub(crate) async fn scan(db: &Database, o: &ReconcileOptions) -> Result<Scanned,
     let mut grouper = Grouper::new(window_ms);
     let mut scanned = 0u64;
     let mut next_report = 16_384;
-    let query = in_scope(SCAN, o);
     let mut conn = db.acquire().await?;
     let mut c = conn.conn();
+    let query = in_scope(c.pick(SCAN, SCAN_MYSQL), o);
     let mut rows = c.fetch(&query);
     while let Some(row) = rows.try_next().await? {
         grouper.push(scan_order(&row)?);

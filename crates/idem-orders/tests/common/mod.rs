@@ -1,6 +1,6 @@
 //! Test harness: a real server bound to 127.0.0.1:0 on a real store — a temporary
-//! SQLite file, or a fresh PostgreSQL schema `idem_orders_t_<uuid>` dropped at the end —
-//! and a real HTTP client.
+//! SQLite file, a fresh PostgreSQL schema or a fresh MySQL/MariaDB database (both
+//! `idem_orders_t_<uuid>`, dropped at the end) — and a real HTTP client.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -8,21 +8,46 @@ use std::time::Duration;
 
 use idem_orders::{ApiKey, ChainOptions, ServeConfig, Server, ServiceOptions};
 use serde_json::Value;
-use sqlx::{Connection, Executor, PgConnection};
+use sqlx::{Connection, Executor, MySqlConnection, PgConnection};
 
 pub const T1: &str = "t1-secret-key";
 pub const T2: &str = "t2-secret-key";
 pub const ADMIN: &str = "admin-secret-token";
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
     Postgres,
+    Mysql,
 }
 
 pub fn pg_url() -> String {
     std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string())
+}
+
+/// The MySQL/MariaDB server (any database on it: each test creates its own).
+pub fn mysql_url() -> String {
+    std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_string())
+}
+
+/// `url` with its database replaced by `database`.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let after_scheme = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[after_scheme..]
+        .find('/')
+        .map_or(base.len(), |i| after_scheme + i);
+    let mut out = format!("{}/{database}", &base[..host_end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
 }
 
 /// A database for one test.
@@ -30,10 +55,13 @@ pub struct Env {
     pub backend: Backend,
     pub url: String,
     pub pg_schema: Option<String>,
+    /// MySQL: the test's own database, created on the server at `mysql_server`.
+    pub mysql_database: Option<String>,
+    mysql_server: Option<String>,
     dir: Option<tempfile::TempDir>,
 }
 
-/// A database of `backend`; `None` (after `skip_or_fail`) when PostgreSQL is unreachable.
+/// A database of `backend`; `None` (after `skip_or_fail`) when its server is unreachable.
 pub async fn env(backend: Backend) -> Option<Env> {
     match backend {
         Backend::Sqlite => {
@@ -42,6 +70,8 @@ pub async fn env(backend: Backend) -> Option<Env> {
                 backend,
                 url: format!("sqlite://{}", dir.path().join("orders.db").display()),
                 pg_schema: None,
+                mysql_database: None,
+                mysql_server: None,
                 dir: Some(dir),
             })
         }
@@ -60,6 +90,33 @@ pub async fn env(backend: Backend) -> Option<Env> {
                 backend,
                 url,
                 pg_schema: Some(format!("idem_orders_t_{}", uuid::Uuid::now_v7().simple())),
+                mysql_database: None,
+                mysql_server: None,
+                dir: None,
+            })
+        }
+        Backend::Mysql => {
+            let server = mysql_url();
+            let mut conn = match MySqlConnection::connect(&server).await {
+                Ok(conn) => conn,
+                Err(err) => {
+                    idem_conformance::skip_or_fail("MySQL/MariaDB", &err);
+                    return None;
+                }
+            };
+            let database = format!("idem_orders_t_{}", uuid::Uuid::now_v7().simple());
+            conn.execute(sqlx::AssertSqlSafe(format!(
+                "CREATE DATABASE `{database}` CHARACTER SET utf8mb4"
+            )))
+            .await
+            .expect("create the test database");
+            let _ = conn.close().await;
+            Some(Env {
+                backend,
+                url: with_database(&server, &database),
+                pg_schema: None,
+                mysql_database: Some(database),
+                mysql_server: Some(server),
                 dir: None,
             })
         }
@@ -127,24 +184,57 @@ async fn drop_schema(url: &str, schema: &str) -> Result<(), sqlx::Error> {
     conn.close().await
 }
 
+async fn drop_database(server: &str, database: &str) -> Result<(), sqlx::Error> {
+    let mut conn = MySqlConnection::connect(server).await?;
+    // A dropped pool closes its sessions in the background, and a session still inside a
+    // transaction holds metadata locks the DROP would wait on: end them first.
+    let sessions: Vec<i64> =
+        sqlx::query_scalar("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ?")
+            .bind(database)
+            .fetch_all(&mut conn)
+            .await?;
+    for id in sessions {
+        // Gone already is fine.
+        let _ = conn
+            .execute(sqlx::AssertSqlSafe(format!("KILL {id}")))
+            .await;
+    }
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS `{database}`"
+    )))
+    .await?;
+    conn.close().await
+}
+
 impl Drop for Env {
     fn drop(&mut self) {
-        let Some(schema) = self.pg_schema.clone() else {
-            return;
-        };
         let url = self.url.clone();
+        let schema = self.pg_schema.clone();
+        let mysql = self.mysql_server.clone().zip(self.mysql_database.clone());
+        if schema.is_none() && mysql.is_none() {
+            return;
+        }
+        // Drop cannot await and may run inside a runtime: a thread with its own.
         let outcome = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| e.to_string())?;
-            rt.block_on(drop_schema(&url, &schema))
-                .map_err(|e| e.to_string())
+            rt.block_on(async {
+                if let Some(schema) = schema {
+                    drop_schema(&url, &schema).await?;
+                }
+                if let Some((server, database)) = mysql {
+                    drop_database(&server, &database).await?;
+                }
+                Ok::<_, sqlx::Error>(())
+            })
+            .map_err(|e| e.to_string())
         })
         .join()
         .unwrap_or_else(|_| Err("cleanup thread panicked".into()));
         if let Err(e) = outcome {
-            eprintln!("could not drop schema: {e}");
+            eprintln!("could not drop the test's schema or database: {e}");
         }
     }
 }
@@ -311,24 +401,54 @@ impl TestServer {
     }
 }
 
+/// One store's test of scenario `$name` (inside the scenario's module).
+macro_rules! store_test {
+    ($name:ident, $test:ident, $backend:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            if let Some(env) = $crate::common::env($crate::common::Backend::$backend).await {
+                super::$name(env).await;
+            }
+        }
+    };
+}
+
+/// Runs one scenario `async fn name(env: Env)` on SQLite, PostgreSQL and MySQL/MariaDB.
+#[allow(unused_macros)] // binaries whose scenarios run on two stores only
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                store_test!($name, sqlite, Sqlite);
+                store_test!($name, postgres, Postgres);
+                store_test!($name, mysql, Mysql);
+            }
+        )*
+    };
+}
+
 /// Runs one scenario `async fn name(env: Env)` on SQLite and on PostgreSQL.
+#[allow(unused_macros)] // binaries whose scenarios all run on every store
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         $(
             mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn sqlite() {
-                    if let Some(env) = $crate::common::env($crate::common::Backend::Sqlite).await {
-                        super::$name(env).await;
-                    }
-                }
+                store_test!($name, sqlite, Sqlite);
+                store_test!($name, postgres, Postgres);
+            }
+        )*
+    };
+}
 
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn postgres() {
-                    if let Some(env) = $crate::common::env($crate::common::Backend::Postgres).await {
-                        super::$name(env).await;
-                    }
-                }
+/// Runs one scenario `async fn name(env: Env)` on PostgreSQL and MySQL/MariaDB (the
+/// servers, with row locks).
+#[allow(unused_macros)]
+macro_rules! on_server_stores {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                store_test!($name, postgres, Postgres);
+                store_test!($name, mysql, Mysql);
             }
         )*
     };
