@@ -17,7 +17,7 @@ use sqlx::Connection;
 
 use crate::proxy::Mode;
 use crate::report::FaultEvent;
-use crate::topology::{Topology, CLAIM_LEASE, LEASE_TTL, SWEEP_LEASE};
+use crate::topology::{delete_prefix, Topology, CLAIM_LEASE, LEASE_TTL, SWEEP_LEASE};
 use crate::ChaosError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -141,18 +141,6 @@ pub fn schedule(seed: u64, duration: Duration, kinds: &[FaultKind]) -> Vec<Plann
             variant: rng.random_range(0..1_000),
         })
         .collect()
-}
-
-/// Deletes every key under `prefix` (the gateways' window and wake-up state).
-pub async fn delete_prefix(url: &str, prefix: &str) -> Result<u64, ChaosError> {
-    let client = redis::Client::open(url).map_err(|e| ChaosError::Setup(e.to_string()))?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| ChaosError::Setup(format!("Redis: {e}")))?;
-    idem_redis::unlink_prefix(&mut conn, prefix)
-        .await
-        .map_err(|e| ChaosError::Setup(format!("Redis: {e}")))
 }
 
 /// Runs `plan` against `topo` until `until` (campaign time), recording each fault.

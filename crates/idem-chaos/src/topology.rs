@@ -197,6 +197,18 @@ pub struct Topology {
     pub tenant: String,
 }
 
+/// Deletes every key under `prefix` (the gateways' window and wake-up state).
+pub async fn delete_prefix(url: &str, prefix: &str) -> Result<u64, ChaosError> {
+    let client = redis::Client::open(url).map_err(|e| ChaosError::Setup(e.to_string()))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| ChaosError::Setup(format!("Redis: {e}")))?;
+    idem_redis::unlink_prefix(&mut conn, prefix)
+        .await
+        .map_err(|e| ChaosError::Setup(format!("Redis: {e}")))
+}
+
 fn free_port() -> Result<u16, ChaosError> {
     let l = StdListener::bind("127.0.0.1:0").map_err(|e| ChaosError::Setup(e.to_string()))?;
     Ok(l.local_addr()
@@ -539,7 +551,7 @@ impl Topology {
             Ok(Err(e)) => tracing::warn!(database = %self.db_name, "could not drop: {e}"),
             Err(_) => tracing::warn!(database = %self.db_name, "could not drop: timed out"),
         }
-        let keys = crate::faults::delete_prefix(&self.redis_url, &self.redis_prefix);
+        let keys = delete_prefix(&self.redis_url, &self.redis_prefix);
         match tokio::time::timeout(BOUND, keys).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {

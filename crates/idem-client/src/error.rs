@@ -1,29 +1,14 @@
 //! Why an intent did not produce a response: rejected at once, or given up on.
 //!
-//! Owns the error types and the problem+json body they carry. It must not decide what is
-//! retried (that is [`crate::RetryPolicy`]).
+//! Owns the error types; the problem+json body they carry is [`crate::response`]'s. It
+//! must not decide what is retried (that is [`crate::RetryPolicy`]).
 
 use std::fmt;
 use std::time::Duration;
 
 use idem_core::IdempotencyKey;
-use serde::Deserialize;
 
-use crate::intent::IdempotentResponse;
-
-/// An RFC 9457 problem body, as the idem layer (and many others) send them.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Problem {
-    /// Stable case identifier, e.g. `https://idem.dev/problems/idempotency-key-reused`.
-    #[serde(rename = "type", default)]
-    pub type_uri: String,
-    #[serde(default)]
-    pub title: Option<String>,
-    #[serde(default)]
-    pub status: Option<u16>,
-    #[serde(default)]
-    pub detail: Option<String>,
-}
+use crate::response::{IdempotentResponse, Problem};
 
 /// What went wrong with one attempt that will be (or would have been) retried.
 #[derive(Debug, Clone, PartialEq, Eq)]

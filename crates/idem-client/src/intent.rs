@@ -1,7 +1,7 @@
 //! The client and one intent: the key fixed before the first send, the same bytes on
 //! every attempt, and the attempt loop.
 //!
-//! Owns building and sending attempts and reading their responses. It must never mint a
+//! Owns building and sending attempts and judging their responses. It must never mint a
 //! second key for an intent: retries (automatic or a later manual `send`) reuse it.
 
 use std::time::Duration;
@@ -10,13 +10,13 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use http::{Method, StatusCode};
 use idem_core::IdempotencyKey;
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::error::{AttemptFailure, ClientError, GiveUpReason, Problem};
+use crate::error::{AttemptFailure, ClientError, GiveUpReason};
+use crate::response::IdempotentResponse;
 use crate::retry::{retry_after, RetryPolicy, REJECTED};
-use crate::{IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 
 /// How the key is written into `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -305,50 +305,6 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     text
-}
-
-/// The final response to an intent.
-#[derive(Debug, Clone)]
-pub struct IdempotentResponse {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-    /// The server answered with the stored result of an earlier attempt
-    /// (`Idempotent-Replayed: true`).
-    pub replayed: bool,
-    pub key: IdempotencyKey,
-    /// Attempts made by this `send`, the final one included.
-    pub attempts: u32,
-    pub elapsed: Duration,
-}
-
-impl IdempotentResponse {
-    pub fn json<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        serde_json::from_slice(&self.body)
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    /// When the server stops replaying this key's result (`Idempotency-Expires`).
-    pub fn expires(&self) -> Option<&str> {
-        self.headers.get(IDEMPOTENCY_EXPIRES)?.to_str().ok()
-    }
-
-    /// The body as a problem, when it is one.
-    pub fn problem(&self) -> Option<Problem> {
-        let is_problem = self
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.starts_with("application/problem+json"));
-        if is_problem {
-            serde_json::from_slice(&self.body).ok()
-        } else {
-            None
-        }
-    }
 }
 
 #[cfg(test)]

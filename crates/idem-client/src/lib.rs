@@ -51,10 +51,12 @@
 
 mod error;
 mod intent;
+mod response;
 mod retry;
 
-pub use error::{AttemptFailure, ClientError, GiveUpReason, Problem};
-pub use intent::{IdempotentClient, IdempotentResponse, Intent, KeyForm};
+pub use error::{AttemptFailure, ClientError, GiveUpReason};
+pub use intent::{IdempotentClient, Intent, KeyForm};
+pub use response::{IdempotentResponse, Problem};
 pub use retry::RetryPolicy;
 
 /// Request header carrying the key.

@@ -1,9 +1,7 @@
 //! Who may use the console and what every answer carries: the session a page needs
-//! (the login is `login`'s), the CSRF check, cross-site refusal, the
+//! (the login is `login`'s, the cookie `session`'s), the CSRF check, cross-site refusal, the
 //! security headers, the audit, and the shared page answers (errors, 400s, redirects).
 //! Owns those rules; it must not hold a page's content.
-
-use std::time::Duration;
 
 use axum::extract::{FromRequestParts, Request};
 use axum::http::header::{
@@ -16,15 +14,11 @@ use axum::response::{IntoResponse, Response};
 use maud::{html, Markup};
 
 use crate::error::ConsoleError;
-use crate::login::{digest_hex, session_cookie, token_digest};
+use crate::session::{digest_hex, session_cookie, token_digest};
 use crate::tables::{self, now_ms, AuditRow};
 use crate::view::{self, Viewer};
 use crate::Console;
 
-/// The session cookie's name.
-pub const COOKIE_NAME: &str = "idem_console";
-/// How long a console session lasts after login.
-pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 /// Longest reason for an action.
 pub const MAX_REASON: usize = 500;
 

@@ -24,6 +24,7 @@ mod ext;
 mod login;
 pub mod pages;
 mod rates;
+mod session;
 mod tables;
 mod timeline;
 pub mod view;
@@ -41,11 +42,12 @@ use idem_sql::SqlStore;
 
 pub use access::{
     audit, bad_request, failed, html_response, ok_page, reason, redirect, Form, Operator, Params,
-    COOKIE_NAME, MAX_REASON, SESSION_TTL,
+    MAX_REASON,
 };
 pub use error::ConsoleError;
 pub use ext::{ConsoleExtension, SearchKind};
 pub use rates::sample_rates;
+pub use session::{COOKIE_NAME, SESSION_TTL};
 pub use tables::{migrate, AuditRow};
 pub use timeline::{ArrivalRow, ArrivalTimeline, ArrivedKey, KeyArrivals, StoreTimeline};
 pub use view::NavEntry;

@@ -1,7 +1,8 @@
 //! The login and the logout: the admin token checked in constant time before anything
 //! else, failed logins throttled per client address and in all (and audited with the
 //! address, never with what was typed), the session cookie set and ended. Owns those
-//! rules; the session's use on every page is `access`'.
+//! rules; the session's cookie and digests are `session`'s, its use on every page is
+//! `access`'.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -9,15 +10,13 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::header::{COOKIE, SET_COOKIE};
+use axum::http::header::SET_COOKIE;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use maud::{html, Markup};
-use sha2::{Digest, Sha256};
 
-use crate::access::{
-    audit, disabled, failed, html_response, redirect, Form, Operator, COOKIE_NAME, SESSION_TTL,
-};
+use crate::access::{audit, disabled, failed, html_response, redirect, Form, Operator};
+use crate::session::{digest_hex, random_token, token_digest, COOKIE_NAME, SESSION_TTL};
 use crate::tables::{self, NewSession};
 use crate::view;
 use crate::Console;
@@ -80,39 +79,6 @@ impl Console {
         }
         true
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// Sessions
-
-pub(crate) fn digest_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
-
-/// What a session keeps of the admin token it was opened with: a session opened with a
-/// token that has since been replaced is no session.
-pub(crate) fn token_digest(admin: &str) -> String {
-    digest_hex(&format!("idem-console-session:{admin}"))
-}
-
-fn random_token() -> String {
-    format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    )
-}
-
-pub(crate) fn session_cookie(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|c| c.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE_NAME)
-        .map(|(_, value)| value.to_owned())
-        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn login_form(console: &Console, message: Option<&str>) -> Markup {

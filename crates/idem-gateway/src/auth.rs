@@ -17,12 +17,11 @@ use idem_core::{Principal, TenantId};
 use sha2::{Digest, Sha256};
 
 use crate::config::AuthConfig;
+pub use crate::config::ANONYMOUS;
 use crate::error::GatewayError;
 
 /// The tenant of a gateway configured without API keys.
 pub const DEFAULT_TENANT: &str = "default";
-/// The principal of callers without any credential (where anonymous access is allowed).
-pub const ANONYMOUS: &str = "anonymous";
 /// Environment variable read for the principal secret when the file names none.
 pub const PRINCIPAL_SECRET_ENV: &str = "IDEM_GATEWAY_PRINCIPAL_SECRET";
 
@@ -229,7 +228,10 @@ pub(crate) fn header_name(s: &str) -> Result<HeaderName, GatewayError> {
 
 /// The principal secret: the file's value, its file, the environment, or (only for a
 /// window no other instance shares) a random one.
-fn principal_secret(config: &AuthConfig, shared_window: bool) -> Result<Vec<u8>, GatewayError> {
+fn load_principal_secret(
+    config: &AuthConfig,
+    shared_window: bool,
+) -> Result<Vec<u8>, GatewayError> {
     let given = match (&config.principal_secret, &config.principal_secret_file) {
         (Some(s), _) => Some(s.clone()),
         (None, Some(path)) => Some({
@@ -281,7 +283,7 @@ impl ApiKeys {
             ignored = left_out;
             Some(Credentials {
                 parts,
-                secret: principal_secret(config, shared_window)?,
+                secret: load_principal_secret(config, shared_window)?,
                 tenant: TenantId::new(DEFAULT_TENANT).expect("valid tenant"),
             })
         } else {

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::Method;
+use idem_core::wire::{KeyRule, PathPattern};
 use idem_core::{Fingerprinter, OutcomePolicy, Principal, TenantId};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::GatewayError;
-use crate::routes::{KeyRule, PathPattern};
 
 /// The whole gateway configuration.
 #[derive(Clone, Serialize, Deserialize)]
@@ -99,8 +99,11 @@ pub struct GatewayConfig {
     /// Responses up to this size are kept in the window for replay; a larger one reaches
     /// its callers but later duplicates go to the upstream (with the same key).
     pub max_stored_bytes: usize,
-    /// Which requests need `Idempotency-Key`; the first matching rule wins. Requests no
-    /// rule matches pass through untouched.
+    /// Which requests need `Idempotency-Key`. Of the rules matching a request, one
+    /// naming its method wins over one for every method, then the most specific path
+    /// (`/v1/orders/search` over `/v1/orders/{id}` over `/v1/*`), then the first listed:
+    /// the layer's precedence ([`idem_http::routes`]). Requests no rule matches pass
+    /// through untouched.
     pub routes: Vec<RouteConfig>,
     /// Callers: API keys and the tenants they stand for.
     pub auth: AuthConfig,
@@ -204,6 +207,10 @@ pub struct RouteConfig {
     #[serde(default)]
     pub key: KeyRule,
 }
+
+/// The principal of callers without any credential (where anonymous access is allowed);
+/// no API key may stand for it.
+pub const ANONYMOUS: &str = "anonymous";
 
 /// Callers and their tenants.
 #[derive(Clone, Serialize, Deserialize)]
@@ -682,11 +689,11 @@ impl GatewayConfig {
             .auth
             .api_keys
             .values()
-            .any(|e| e.principal().as_str() == crate::auth::ANONYMOUS)
+            .any(|e| e.principal().as_str() == ANONYMOUS)
         {
             return bad(format!(
                 "an API key's principal may not be {:?}: it names callers without a credential",
-                crate::auth::ANONYMOUS
+                ANONYMOUS
             ));
         }
         if self.auth.principal_secret.is_some() && self.auth.principal_secret_file.is_some() {

@@ -50,8 +50,9 @@ use idem_http::InProgressMode;
 use tokio::time::Instant;
 
 use crate::body::Body;
+use crate::ctx::{client_request_id, request_id, Ctx, GATEWAY_TOKEN, X_REQUEST_ID};
+use crate::flights::{Outcome, Slot};
 use crate::problem::{Problem, ProblemKind};
-use crate::service::Ctx;
 use crate::upstream::{Captured, Exchange, KeyState};
 use crate::upstreams::Heard;
 
@@ -68,76 +69,6 @@ pub(crate) struct KeyedRequest {
     /// The body's share of the buffering budget, given back when the request is done.
     pub _buffered: crate::buffers::Held,
 }
-
-/// Keys each partition has executing on this instance, bounded per partition so one
-/// caller cannot hold every execution slot.
-#[derive(Debug)]
-pub(crate) struct InProgress {
-    per_partition: usize,
-    counts: std::sync::Mutex<std::collections::HashMap<idem_core::TenantId, usize>>,
-}
-
-/// One execution's slot; frees it when dropped.
-pub(crate) struct Slot {
-    owner: Arc<InProgress>,
-    tenant: idem_core::TenantId,
-}
-
-impl InProgress {
-    pub fn new(per_partition: usize) -> Self {
-        Self {
-            per_partition,
-            counts: Default::default(),
-        }
-    }
-
-    fn counts(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<idem_core::TenantId, usize>> {
-        // Every update is a single insert or remove: a poisoned map is still consistent.
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A slot for `tenant`, unless it has every slot of its partition in use.
-    fn enter(self: &Arc<Self>, tenant: &idem_core::TenantId) -> Option<Slot> {
-        let mut counts = self.counts();
-        let n = counts.entry(tenant.clone()).or_default();
-        if *n >= self.per_partition {
-            return None;
-        }
-        *n += 1;
-        Some(Slot {
-            owner: self.clone(),
-            tenant: tenant.clone(),
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut counts = self.owner.counts();
-        if let Some(n) = counts.get_mut(&self.tenant) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.tenant);
-            }
-        }
-    }
-}
-
-/// What every arrival of one flight gets.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    Response {
-        captured: Captured,
-        /// Came from a stored record (the window or the upstream's state endpoint).
-        replayed: bool,
-    },
-    Problem(Problem),
-}
-
-/// Executions in flight in this process, by scope (the pipeline's coalescing).
-pub(crate) type Flights = pipeline::Flights<Outcome>;
 
 /// Handles one keyed arrival: joins the flight for its scope or starts one.
 pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
@@ -175,8 +106,8 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
             };
             let span = tracing::info_span!(
                 "keyed",
-                request_id = crate::service::request_id().as_deref().unwrap_or("-"),
-                client_request_id = %crate::service::client_request_id(),
+                request_id = request_id().as_deref().unwrap_or("-"),
+                client_request_id = %client_request_id(),
                 tenant = %req.scope.tenant,
                 key = %req.scope.key,
                 store_ms = tracing::field::Empty,
@@ -458,8 +389,8 @@ fn state_query_headers(ctx: &Ctx, headers: &HeaderMap) -> HeaderMap {
     for name in [
         &ctx.tenant_header,
         &ctx.principal_header,
-        &crate::service::GATEWAY_TOKEN,
-        &crate::service::X_REQUEST_ID,
+        &GATEWAY_TOKEN,
+        &X_REQUEST_ID,
         &IDEMPOTENCY_KEY,
     ]
     .into_iter()

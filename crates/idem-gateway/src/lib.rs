@@ -114,7 +114,9 @@ pub mod auth;
 pub mod body;
 mod buffers;
 pub mod config;
+mod ctx;
 pub mod error;
+mod flights;
 pub mod forwarded;
 pub mod hop;
 mod keyed;
@@ -142,12 +144,12 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::{ApiKeyEntry, AuthConfig, GatewayConfig, RouteConfig, StateQueryConfig};
+pub use ctx::GATEWAY_TOKEN;
 pub use error::GatewayError;
 pub use memory::{MemoryOptions, MemoryStore};
 pub use metrics::GatewayMetrics;
 pub use problem::{Problem, ProblemKind};
 pub use routes::KeyRule;
-pub use service::GATEWAY_TOKEN;
 
 /// How long executions cut off at the end of the grace get to record their end.
 const CUT_OFF_GRACE: Duration = Duration::from_secs(2);
@@ -254,7 +256,7 @@ async fn start_with(
             .map(|files| files.listener(config.header_read_timeout()))
             .transpose()
             .map_err(|e| GatewayError::Config(format!("TLS: {e}")))?;
-    let ctx = Arc::new(service::Ctx::new(config)?);
+    let ctx = Arc::new(ctx::Ctx::new(config)?);
     for header in ctx.auth.ignored_upstream_credentials() {
         tracing::warn!(header = %header, "auth.credential_headers leaves out {header}, which the upstream authenticates callers by: two callers that differ only in it share stored results; add it to auth.credential_headers");
     }
@@ -273,7 +275,7 @@ async fn start_with(
 }
 
 /// Waits until no keyed execution is in flight, or `until`.
-async fn flights_ended(ctx: &service::Ctx, until: tokio::time::Instant) -> bool {
+async fn flights_ended(ctx: &ctx::Ctx, until: tokio::time::Instant) -> bool {
     while !ctx.flights.is_empty() {
         if tokio::time::Instant::now() >= until {
             return false;
@@ -286,7 +288,7 @@ async fn flights_ended(ctx: &service::Ctx, until: tokio::time::Instant) -> bool 
 async fn serve(
     listener: TcpListener,
     tls: Option<idem_net::serve::ListenerTls>,
-    ctx: Arc<service::Ctx>,
+    ctx: Arc<ctx::Ctx>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), GatewayError> {
     let mut http = hyper::server::conn::http1::Builder::new();

@@ -1,8 +1,14 @@
-//! Which requests need a key: method sets plus path patterns, first match wins.
+//! Which requests need a key: method sets plus path patterns, compiled from the
+//! configuration's routes.
 //!
-//! Owns pattern syntax and matching. It must not look at headers or bodies.
+//! Owns the compiled route table. Which rule decides is the layer's precedence
+//! ([`idem_http::routes`]): a rule naming the method over one naming none, then the
+//! most specific path, then the first listed; so a gateway in front of a service using
+//! the layer reads one list of rules the same way. It must not look at headers or
+//! bodies.
 
 use http::Method;
+use idem_http::routes::{matching, RouteMatcher};
 
 use crate::config::RouteConfig;
 use crate::error::GatewayError;
@@ -49,10 +55,23 @@ impl RouteTable {
 
     /// The rule for a request; `KeyRule::Ignored` when no rule matches.
     pub fn key_rule(&self, method: &Method, path: &str) -> KeyRule {
-        self.rules
-            .iter()
-            .find(|r| (r.methods.is_empty() || r.methods.contains(method)) && r.path.matches(path))
+        matching(&self.rules, method, path)
+            .winner()
             .map_or(KeyRule::Ignored, |r| r.key)
+    }
+}
+
+impl RouteMatcher for Rule {
+    fn names_methods(&self) -> bool {
+        !self.methods.is_empty()
+    }
+
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.contains(method)) && self.path.matches(path)
+    }
+
+    fn specificity(&self) -> (usize, usize, bool) {
+        self.path.specificity()
     }
 }
 
@@ -86,26 +105,25 @@ mod tests {
         }
     }
 
+    fn table(rules: &[(&[&str], &str, KeyRule)]) -> RouteTable {
+        let routes: Vec<RouteConfig> = rules
+            .iter()
+            .map(|(methods, path, key)| RouteConfig {
+                methods: methods.iter().map(|m| (*m).into()).collect(),
+                path: (*path).into(),
+                key: *key,
+            })
+            .collect();
+        RouteTable::compile(&routes).unwrap()
+    }
+
     #[test]
-    fn first_rule_wins() {
-        let t = RouteTable::compile(&[
-            RouteConfig {
-                methods: vec!["POST".into()],
-                path: "/v1/search".into(),
-                key: KeyRule::Ignored,
-            },
-            RouteConfig {
-                methods: vec!["post".into(), "PATCH".into()],
-                path: "/v1/*".into(),
-                key: KeyRule::Required,
-            },
-            RouteConfig {
-                methods: vec!["*".into()],
-                path: "/opt/{x}".into(),
-                key: KeyRule::Optional,
-            },
-        ])
-        .unwrap();
+    fn the_most_specific_rule_wins() {
+        let t = table(&[
+            (&["POST"], "/v1/search", KeyRule::Ignored),
+            (&["post", "PATCH"], "/v1/*", KeyRule::Required),
+            (&["*"], "/opt/{x}", KeyRule::Optional),
+        ]);
         assert_eq!(t.key_rule(&Method::POST, "/v1/search"), KeyRule::Ignored);
         assert_eq!(t.key_rule(&Method::POST, "/v1/orders"), KeyRule::Required);
         assert_eq!(
@@ -115,5 +133,37 @@ mod tests {
         assert_eq!(t.key_rule(&Method::GET, "/v1/orders"), KeyRule::Ignored);
         assert_eq!(t.key_rule(&Method::DELETE, "/opt/1"), KeyRule::Optional);
         assert_eq!(t.key_rule(&Method::POST, "/elsewhere"), KeyRule::Ignored);
+    }
+
+    #[test]
+    fn a_more_specific_rule_listed_after_a_general_one_wins() {
+        let t = table(&[
+            (&["POST"], "/v1/*", KeyRule::Required),
+            (&["POST"], "/v1/orders/{id}", KeyRule::Optional),
+            (&["POST"], "/v1/orders/search", KeyRule::Ignored),
+        ]);
+        assert_eq!(t.key_rule(&Method::POST, "/v1/carts"), KeyRule::Required);
+        assert_eq!(t.key_rule(&Method::POST, "/v1/orders/7"), KeyRule::Optional);
+        assert_eq!(
+            t.key_rule(&Method::POST, "/v1/orders/search"),
+            KeyRule::Ignored
+        );
+    }
+
+    #[test]
+    fn a_rule_naming_the_method_wins_over_one_for_every_method() {
+        // As in the layer: a method-specific rule overrides a rule for every method.
+        let t = table(&[
+            (&[], "/v1/orders/search", KeyRule::Ignored),
+            (&["POST"], "/v1/*", KeyRule::Required),
+        ]);
+        assert_eq!(
+            t.key_rule(&Method::POST, "/v1/orders/search"),
+            KeyRule::Required
+        );
+        assert_eq!(
+            t.key_rule(&Method::GET, "/v1/orders/search"),
+            KeyRule::Ignored
+        );
     }
 }

@@ -7,202 +7,36 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::header::{
     HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE,
     FORWARDED, HOST,
 };
-use http::{Method, Request, Response, Version};
+use http::{Request, Response, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use idem_core::{read_key, KeyHeaderError, KeyRule};
-use idem_core::{IdempotencyStore as _, OwnerId, RequestParts, Scope};
-use idem_http::headers::IDEMPOTENCY_KEY;
-use idem_http::pipeline::Executions;
-
-use crate::auth::{ApiKeys, Caller};
-use crate::body::{empty, full, Body, IdleTimeout};
-use crate::buffers::{BodyBudget, BufferError};
-use crate::config::GatewayConfig;
-use crate::error::GatewayError;
-use crate::forwarded::TrustedProxies;
-use crate::keyed::{self, Flights, KeyedRequest};
-use crate::metrics::GatewayMetrics;
-use crate::problem::{Problem, ProblemKind};
-use crate::routes::RouteTable;
-use crate::upstream::{PassError, Upstream, UpstreamBase};
-use crate::upstreams::{HealthPolicy, Heard, Upstreams};
-use crate::window::Window;
+use idem_core::wire::{TraceParent, TRACEPARENT};
 use idem_core::Identity;
+use idem_core::{read_key, KeyHeaderError, KeyRule};
+use idem_core::{IdempotencyStore as _, RequestParts, Scope};
+use idem_http::headers::IDEMPOTENCY_KEY;
 
-/// The shared secret header the gateway sends upstream (when configured).
-pub const GATEWAY_TOKEN: HeaderName = HeaderName::from_static("x-idem-gateway-token");
+use crate::auth::Caller;
+use crate::body::{empty, full, Body, IdleTimeout};
+use crate::buffers::BufferError;
+use crate::ctx::{request_id, with_request_ids, Ctx, GATEWAY_TOKEN, X_REQUEST_ID};
+use crate::keyed::{self, KeyedRequest};
+use crate::problem::{Problem, ProblemKind};
+use crate::upstream::PassError;
+use crate::upstreams::Heard;
+
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-use idem_core::wire::{TraceParent, TRACEPARENT};
-/// Correlates a client's answer with the gateway's log line (and the upstream's).
-pub use idem_http::headers::REQUEST_ID as X_REQUEST_ID;
 
-/// An arrival's ids: the gateway's own, always minted here (a client-chosen id could
-/// repeat another request's and confuse the logs), and the client's `X-Request-Id`
-/// when it is plain enough to log, kept apart.
-#[derive(Clone)]
-struct RequestIds {
-    ours: Arc<str>,
-    client: Option<Arc<str>>,
-}
-
-tokio::task_local! {
-    /// The ids of the arrival this task answers.
-    static REQUEST_ID: RequestIds;
-}
-
-/// The current arrival's request id (`None` outside a request).
-pub(crate) fn request_id() -> Option<Arc<str>> {
-    REQUEST_ID.try_with(|ids| ids.ours.clone()).ok()
-}
-
-/// The `X-Request-Id` the client sent with the current arrival, if any (`-` if none).
-pub(crate) fn client_request_id() -> Arc<str> {
-    REQUEST_ID
-        .try_with(|ids| ids.client.clone())
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| Arc::from("-"))
-}
-
-/// Everything a request needs, shared by all connections of one gateway.
-pub(crate) struct Ctx {
-    pub config: GatewayConfig,
-    pub routes: RouteTable,
-    pub auth: ApiKeys,
-    pub upstreams: Upstreams,
-    pub window: Window,
-    pub flights: Arc<Flights>,
-    /// Keys each partition has executing here.
-    pub in_progress: Arc<keyed::InProgress>,
-    /// Bytes of keyed bodies buffered at once.
-    body_budget: BodyBudget,
-    pub metrics: Arc<GatewayMetrics>,
-    pub instance: String,
-    owner_seq: AtomicU64,
-    pub tenant_header: HeaderName,
-    pub principal_header: HeaderName,
-    pub token: Option<HeaderValue>,
-    pub state_method: Method,
-    /// Response headers never stored or replayed (always `set-cookie`).
-    pub per_caller: Vec<HeaderName>,
-    /// Request headers a state query repeats to authenticate as the caller.
-    pub state_credentials: Vec<HeaderName>,
-    proxies: TrustedProxies,
-    /// Executions under a claim; cut off once the shutdown grace has run out.
-    pub executions: Arc<Executions>,
-    /// Set once the shutdown began: `/readyz` answers 503 to the connections still open.
-    pub draining: std::sync::atomic::AtomicBool,
-}
-
+/// How a request's headers are readied for the upstream.
 impl Ctx {
-    pub fn new(config: GatewayConfig) -> Result<Self, GatewayError> {
-        config.validate()?;
-        let instance = config
-            .instance_id
-            .clone()
-            .unwrap_or_else(|| format!("gw-{}", uuid::Uuid::new_v4().simple()));
-        // Owners are `<instance>:<n>`: the instance id must leave room for the counter.
-        if OwnerId::new(format!("{instance}:18446744073709551615")).is_err() {
-            return Err(GatewayError::Config(format!(
-                "instance_id {instance:?} must be visible ASCII, at most 100 characters"
-            )));
-        }
-        let metrics = Arc::new(GatewayMetrics::new());
-        let window = Window::from_config(&config, &instance, metrics.clone())?;
-        let upstream_tls = config
-            .upstream_ca_file
-            .as_deref()
-            .map(|ca| idem_net::tls::client_config(Some(ca), true))
-            .transpose()
-            .map_err(|e| GatewayError::Config(format!("upstream TLS: {e}")))?;
-        let clients = config
-            .upstream_urls()
-            .into_iter()
-            .map(|url| {
-                let client = Upstream::new(
-                    UpstreamBase::parse(url)?,
-                    upstream_tls.clone(),
-                    config.upstream_connect_timeout(),
-                    config.upstream_timeout(),
-                    config.max_response_bytes,
-                )?;
-                Ok((client, url))
-            })
-            .collect::<Result<Vec<_>, GatewayError>>()?;
-        let upstreams = Upstreams::new(
-            clients,
-            HealthPolicy {
-                consecutive_failures: config.upstream_health.consecutive_failures,
-                eject: config.upstream_eject(),
-            },
-            metrics.clone(),
-        );
-        let header = crate::auth::header_name;
-        let auth = ApiKeys::new(&config.auth, config.redis_url.is_some())?;
-        let mut per_caller = vec![http::header::SET_COOKIE];
-        for h in &config.per_caller_response_headers {
-            let h = header(h)?;
-            if !per_caller.contains(&h) {
-                per_caller.push(h);
-            }
-        }
-        Ok(Self {
-            routes: RouteTable::compile(&config.routes)?,
-            state_credentials: auth.forwarded_credentials(),
-            auth,
-            per_caller,
-            proxies: TrustedProxies::new(&config.trusted_proxies),
-            executions: Arc::default(),
-            draining: std::sync::atomic::AtomicBool::new(false),
-            tenant_header: header(&config.tenant_header)?,
-            principal_header: header(&config.principal_header)?,
-            token: config
-                .upstream_token
-                .as_deref()
-                .map(HeaderValue::from_str)
-                .transpose()
-                .map_err(|_| GatewayError::Config("bad upstream_token".into()))?,
-            state_method: Method::from_bytes(config.state_query.method.as_bytes())
-                .map_err(|_| GatewayError::Config("bad state_query.method".into()))?,
-            upstreams,
-            window,
-            flights: Arc::default(),
-            in_progress: Arc::new(keyed::InProgress::new(config.max_in_progress_per_caller)),
-            body_budget: BodyBudget::new(config.max_buffered_body_bytes, metrics.clone()),
-            metrics,
-            instance,
-            owner_seq: AtomicU64::new(0),
-            config,
-        })
-    }
-
-    /// A fresh owner id for one claim.
-    pub fn next_owner(&self) -> OwnerId {
-        let n = self.owner_seq.fetch_add(1, Ordering::Relaxed);
-        OwnerId::new(format!("{}:{n}", self.instance)).expect("checked at startup")
-    }
-
-    /// A problem response, counted; its internal cause goes to the log with the
-    /// request id, never to the client.
-    pub fn problem(&self, p: Problem) -> Response<Body> {
-        self.metrics.problem(p.kind.slug());
-        let id = request_id();
-        if let Some(cause) = &p.cause {
-            tracing::warn!(request_id = id.as_deref().unwrap_or("-"), client_request_id = %client_request_id(), problem = p.kind.slug(), %cause, "answered with a problem");
-        }
-        crate::problem::to_response(&p, id.as_deref())
-    }
-
     /// A request header a client's `Connection` must not name: removing it would
     /// forward the request without its key, its credential or what its fingerprint
     /// covers.
@@ -361,11 +195,8 @@ pub(crate) async fn serve(
 
 async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
     let id: Arc<str> = Arc::from(uuid::Uuid::now_v7().simple().to_string());
-    let ids = RequestIds {
-        ours: id.clone(),
-        client: idem_core::wire::client_request_id(req.headers()).map(Arc::from),
-    };
-    let mut response = REQUEST_ID.scope(ids, route_request(ctx, peer, req)).await;
+    let client = idem_core::wire::client_request_id(req.headers()).map(Arc::from);
+    let mut response = with_request_ids(id.clone(), client, route_request(ctx, peer, req)).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(X_REQUEST_ID, v);
     }

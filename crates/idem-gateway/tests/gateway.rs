@@ -57,6 +57,45 @@ async fn key_is_required_and_passed_unchanged() {
 }
 
 #[tokio::test]
+async fn a_more_specific_route_listed_after_a_general_one_wins() {
+    let up = stub().await;
+    let mut cfg = config(&up.url());
+    // The general rule first: taken in list order it would shadow the one after it.
+    cfg.routes = vec![
+        idem_gateway::RouteConfig {
+            methods: vec!["POST".into()],
+            path: "/v1/*".into(),
+            key: idem_gateway::KeyRule::Ignored,
+        },
+        idem_gateway::RouteConfig {
+            methods: vec!["POST".into()],
+            path: "/v1/orders".into(),
+            key: idem_gateway::KeyRule::Required,
+        },
+    ];
+    let gw = idem_gateway::start(cfg).await.unwrap();
+    let c = client();
+    let post = |path: &str| {
+        c.post(format!("{}{path}", gw.url()))
+            .header("x-api-key", T1_KEY)
+            .body("{}")
+            .send()
+    };
+    // The specific rule decides for its path: no key, 400, nothing forwarded.
+    let r = post("/v1/orders").await.unwrap();
+    assert_eq!(
+        problem(r).await,
+        (400, problem_type("missing-idempotency-key"))
+    );
+    assert_eq!(up.state.total_calls(), 0);
+    // The general rule still covers the rest: passed through without a key.
+    let r = post("/v1/carts").await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(up.state.total_calls(), 1);
+    gw.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn the_upstream_sees_the_callers_trace_as_a_child_span() {
     let up = stub().await;
     let gw = idem_gateway::start(config(&up.url())).await.unwrap();

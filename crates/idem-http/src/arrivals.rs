@@ -1,7 +1,8 @@
 //! Hands every keyed arrival to the application's [`ArrivalSink`], with the decision the
 //! layer made for it.
 //!
-//! The decision is noted where it is counted ([`crate::metrics`]), into a slot carried
+//! The decision is noted where it is counted ([`crate::metrics`], which says what each
+//! of its decisions is as an arrival's), into a slot carried
 //! by the request's task (and the handler task it spawns); the arrival is handed over
 //! once the answer is ready. Without a sink nothing is carried. This module must not
 //! wait on the sink: recording is the sink's, off the request path.
@@ -15,7 +16,6 @@ use http::Response;
 use idem_core::{Arrival, ArrivalDecision, ArrivalSink, Principal, Scope};
 
 use crate::body::Body;
-use crate::metrics::Decision;
 
 tokio::task_local! {
     static DECIDED: Option<Arc<Slot>>;
@@ -41,24 +41,11 @@ fn decoded(code: u8) -> Option<ArrivalDecision> {
         .find(|d| self::code(*d) == code)
 }
 
-/// What an arrival's story says for a layer decision. A fail-open bypass ran the
-/// handler (unprotected), so it executed; decisions without a key never get here.
-fn arrival_decision(decision: Decision) -> ArrivalDecision {
-    match decision {
-        Decision::Executed | Decision::Bypassed => ArrivalDecision::Executed,
-        Decision::Replayed => ArrivalDecision::Replayed,
-        Decision::InProgress => ArrivalDecision::InProgress,
-        Decision::Mismatch => ArrivalDecision::Mismatch,
-        _ => ArrivalDecision::Refused,
-    }
-}
-
 /// Notes `decision` for the current request, when its arrival is observed.
-pub(crate) fn note(decision: Decision) {
+pub(crate) fn note(decision: ArrivalDecision) {
     let _ = DECIDED.try_with(|slot| {
         if let Some(slot) = slot {
-            slot.0
-                .store(code(arrival_decision(decision)), Ordering::Relaxed);
+            slot.0.store(code(decision), Ordering::Relaxed);
         }
     });
 }
@@ -108,13 +95,5 @@ mod tests {
             assert_eq!(decoded(code(d)), Some(d));
         }
         assert_eq!(decoded(0), None);
-        assert_eq!(
-            arrival_decision(Decision::KeyExpired),
-            ArrivalDecision::Refused
-        );
-        assert_eq!(
-            arrival_decision(Decision::Bypassed),
-            ArrivalDecision::Executed
-        );
     }
 }

@@ -3,7 +3,8 @@
 //! mismatch, or unavailable.
 //!
 //! Owns the order of the checks (authentication, key, body size, a body the fingerprint
-//! refuses, claim) and what each answer means for the layer; the claim-and-wait loop itself is
+//! refuses, claim) and which way each answer of the store goes; the answers the handler
+//! does not write are [`crate::answer`]'s, the claim-and-wait loop itself is
 //! [`crate::pipeline::claim`]. Nothing is recorded before the claim, and the handler is never called before
 //! a claim proceeded (except on routes configured to ignore keys, or to fail open when
 //! the store is down). Running the handler under a claim is [`crate::execute`].
@@ -20,14 +21,15 @@ use idem_core::{
 };
 use tower::Service;
 
+use crate::answer::{answer, check_archive, store_failed};
 use crate::auth::Identity;
 use crate::body::{boxed, declared_too_large, read_limited, Body, BoxError, ReadError};
-use crate::config::{ClaimMode, InProgressMode, ResolvedRules, StoreUnavailableMode};
+use crate::config::{ClaimMode, ResolvedRules, StoreUnavailableMode};
 use crate::headers::{read_key, KeyHeaderError};
-use crate::layer::Shared;
 use crate::metrics::Decision;
 use crate::pipeline::{self, Turn};
-use crate::problem::{Problem, ProblemKind, ProblemResponse};
+use crate::problem::{inner_failed, Problem, ProblemKind, ProblemResponse};
+use crate::shared::Shared;
 
 /// The request's target as the client sent it. A nested axum router strips its prefix
 /// from the request's URI; the original URI still has it, and a key binds the resource
@@ -201,9 +203,7 @@ where
     match claimed.map(|c| (c.turn, c.waited)) {
         Ok((Turn::Proceed(token), _)) => {
             if let (ClaimKind::Fresh, Some(archive)) = (&token.kind, &shared.archive) {
-                if let Some(answer) =
-                    crate::retention::check_archive(&shared, archive, &token).await
-                {
+                if let Some(answer) = check_archive(&shared, archive, &token).await {
                     return answer;
                 }
             }
@@ -221,98 +221,6 @@ where
         }
         Err(e) => store_failed(&shared, &e, scope),
     }
-}
-
-/// The answer to a claim that did not proceed: a replay, a mismatch or in progress.
-pub(crate) async fn answer(
-    shared: &Shared,
-    turn: Turn,
-    waited: bool,
-    rules: &ResolvedRules,
-) -> Response<Body> {
-    let metrics = &shared.metrics;
-    match turn {
-        Turn::Replay(record) => {
-            metrics.decision(Decision::Replayed);
-            if crate::retention::is_dropped(&record) {
-                return crate::retention::replay_dropped(shared, &record).await;
-            }
-            shared.capture.replay(&record).unwrap_or_else(|| {
-                Problem::new(
-                    ProblemKind::ResultNotStored,
-                    format!(
-                        "the request with this key ended {} without a stored response",
-                        record.state
-                    ),
-                )
-                .response()
-            })
-        }
-        Turn::Mismatch => {
-            metrics.decision(Decision::Mismatch);
-            Problem::new(
-                ProblemKind::KeyReused,
-                "this Idempotency-Key was first used with a different request (body, \
-                 path, query, method, principal or fingerprinted headers); use a new \
-                 key for a new intent",
-            )
-            .response()
-        }
-        Turn::InProgress { .. } => {
-            metrics.decision(Decision::InProgress);
-            let retry_after = match rules.in_progress {
-                InProgressMode::Reject { retry_after } if !waited => retry_after,
-                _ => Duration::from_secs(1),
-            };
-            in_progress(retry_after)
-        }
-        Turn::Proceed(token) => {
-            // Callers act on a claim that proceeded themselves.
-            tracing::error!(scope = %token.scope, "a claim that proceeded reached the answer path");
-            metrics.decision(Decision::StoreError);
-            Problem::new(
-                ProblemKind::StoreError,
-                "the request was not executed; retry with the same key",
-            )
-            .response()
-        }
-    }
-}
-
-/// The answer when the store failed: fail closed.
-pub(crate) fn store_failed(
-    shared: &Shared,
-    e: &idem_core::StoreError,
-    scope: &Scope,
-) -> Response<Body> {
-    let metrics = &shared.metrics;
-    if e.is_unavailable() {
-        tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing closed");
-        metrics.decision(Decision::Unavailable);
-        return Problem::new(
-            ProblemKind::StoreUnavailable,
-            "the request was not executed; retry with the same key",
-        )
-        .retry_after(shared.config.store_unavailable_retry_after)
-        .response();
-    }
-    tracing::error!(error = %e, %scope, "idempotency store error");
-    metrics.decision(Decision::StoreError);
-    Problem::new(
-        ProblemKind::StoreError,
-        "the request was not executed; the idempotency store answered with an error",
-    )
-    .response()
-}
-
-fn in_progress(retry_after: Duration) -> Response<Body> {
-    Problem::new(
-        ProblemKind::RequestInProgress,
-        "the first request with this key has not finished; retry later with the same key \
-         to get its result",
-    )
-    .retry_after(retry_after)
-    .response()
 }
 
 /// Buffers the body up to `limit` bytes; 413 beyond it, before anything is recorded.
@@ -400,6 +308,6 @@ where
 {
     match inner.call(request).await {
         Ok(response) => response.map(boxed),
-        Err(e) => crate::layer::inner_failed(e.into()),
+        Err(e) => inner_failed(e.into()),
     }
 }

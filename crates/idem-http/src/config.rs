@@ -12,6 +12,8 @@ use http::Method;
 pub use idem_core::KeyRule;
 use idem_core::{wire::PathPattern, Fingerprinter, OutcomePolicy};
 
+use crate::routes::{self, RouteMatcher};
+
 /// What a request gets when the first request with its key is still processing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InProgressMode {
@@ -118,12 +120,11 @@ impl RouteRule {
         self.on_store_unavailable = Some(mode);
         self
     }
+}
 
-    /// A rule that is not a pattern compares the whole path: the most specific.
-    fn specificity(&self) -> (usize, usize, bool) {
-        self.pattern
-            .as_ref()
-            .map_or((usize::MAX, usize::MAX, true), PathPattern::specificity)
+impl RouteMatcher for RouteRule {
+    fn names_methods(&self) -> bool {
+        self.method.is_some()
     }
 
     fn matches(&self, method: &Method, path: &str) -> bool {
@@ -132,6 +133,13 @@ impl RouteRule {
                 Some(pattern) => pattern.matches(path),
                 None => self.route == path,
             }
+    }
+
+    /// A rule that is not a pattern compares the whole path: the most specific.
+    fn specificity(&self) -> (usize, usize, bool) {
+        self.pattern
+            .as_ref()
+            .map_or((usize::MAX, usize::MAX, true), PathPattern::specificity)
     }
 }
 
@@ -151,7 +159,9 @@ pub struct IdempotencyConfig {
     /// Methods that require a key unless a [`RouteRule`] says otherwise. Default: POST
     /// and PATCH. Keys are meaningless on GET and DELETE.
     pub required_methods: Vec<Method>,
-    /// Overrides; a rule naming the method wins over one that does not.
+    /// Overrides; of the rules matching a request, one naming the method wins over one
+    /// that does not, and the most specific path over a more general one, whatever the
+    /// order of the list ([`crate::routes`]).
     pub routes: Vec<RouteRule>,
     /// Default: 409 with `Retry-After: 1`.
     pub in_progress: InProgressMode,
@@ -261,7 +271,6 @@ impl IdempotencyConfig {
 
     /// The rules for one request to `path` (the concrete path, without the query).
     pub fn resolve(&self, method: &Method, path: &str) -> ResolvedRules {
-        let route = path;
         let mut resolved = ResolvedRules {
             key: if self.required_methods.contains(method) {
                 KeyRule::Required
@@ -272,20 +281,9 @@ impl IdempotencyConfig {
             on_store_unavailable: self.on_store_unavailable,
             claim: ClaimMode::Ahead,
         };
-        // Of the rules matching the path, the most specific wins (a literal segment over
-        // `{id}`), the first listed among equals: order in the list never lets a
-        // template shadow a literal route.
-        let best = |with_method: bool| {
-            self.routes
-                .iter()
-                .rev()
-                .filter(|r| r.method.is_some() == with_method && r.matches(method, route))
-                .max_by_key(|r| r.specificity())
-        };
-        let specific = best(true);
-        let general = best(false);
-        // The general rule first, so that a method-specific one overrides it.
-        for rule in general.into_iter().chain(specific) {
+        // The precedence the gateway shares (see `routes`): most specific first, so the
+        // order of the list never lets a template shadow a literal route.
+        for rule in routes::matching(&self.routes, method, path).in_order() {
             if let Some(k) = rule.key {
                 resolved.key = k;
             }

@@ -27,13 +27,14 @@ use idem_core::{ClaimRequest, ClaimToken, Finish, Record, RecordState};
 use tower::Service;
 use tracing::Instrument;
 
+use crate::answer::{answer, store_failed};
 use crate::body::{full, Body, BoxError};
 use crate::config::ResolvedRules;
 use crate::headers::IDEMPOTENCY_EXPIRES;
-use crate::layer::Shared;
 use crate::metrics::{Decision, ExecutionOutcome, FinishedBy};
 use crate::pipeline::{self, Claimed, FinishPolicy, NotFinished, Ran, Running, TooLarge, Turn};
 use crate::problem::{Problem, ProblemKind, ProblemResponse};
+use crate::shared::Shared;
 use crate::transactional::TransactionalClaim;
 
 /// How the handler's run ended.
@@ -190,7 +191,7 @@ where
     match claim.take_answer().map(Turn::of) {
         // A handler that proceeded and did not commit: decided below.
         None | Some(Turn::Proceed(_)) => {}
-        Some(turn) => return crate::claim::answer(&shared, turn, false, &rules).await,
+        Some(turn) => return answer(&shared, turn, false, &rules).await,
     }
     let claimed = pipeline::claim(
         shared.store.as_ref(),
@@ -215,8 +216,8 @@ where
             shared.wakeups.wake(&req.scope);
             with_expiry(&shared, response, finished)
         }
-        Ok(Claimed { turn, waited }) => crate::claim::answer(&shared, turn, waited, &rules).await,
-        Err(e) => crate::claim::store_failed(&shared, &e, &req.scope),
+        Ok(Claimed { turn, waited }) => answer(&shared, turn, waited, &rules).await,
+        Err(e) => store_failed(&shared, &e, &req.scope),
     }
 }
 

@@ -2,21 +2,19 @@
 //! any `http` service (an axum router or route, a hyper service, a tower stack), and the
 //! service's pin-projected [`ResponseFuture`].
 //!
-//! Owns construction, the state every request shares (store, authentication,
-//! configuration, metrics, in-process wake-ups, owner ids) and the first question —
-//! does this request need a claim at all. It must not decide anything else about a
+//! Owns construction of the state every request shares ([`crate::shared`]) and the
+//! first question — does this request need a claim at all. It must not decide anything else about a
 //! request: that is [`crate::claim`] and [`crate::execute`].
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use idem_core::{ArchiveLookup, ArrivalSink, IdempotencyStore, KeyRule, OwnerId};
+use idem_core::{ArchiveLookup, ArrivalSink, IdempotencyStore, KeyRule};
 use tokio::task::JoinHandle;
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -26,56 +24,16 @@ use crate::body::{boxed, Body, BoxError};
 use crate::config::IdempotencyConfig;
 use crate::headers::IDEMPOTENCY_KEY;
 use crate::metrics::IdempotencyMetrics;
-use crate::pipeline::{Executions, LocalWakeups};
-use crate::problem::{Problem, ProblemKind, ProblemResponse};
+use crate::pipeline::LocalWakeups;
+use crate::problem::{inner_failed, Problem, ProblemKind, ProblemResponse};
 use crate::replay::Capture;
 use crate::retention::ReconstructResponse;
+use crate::shared::{OwnerIds, Shared};
 
 /// Makes every configured route of an HTTP service idempotent. See the crate docs.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     shared: Arc<Shared>,
-}
-
-/// What every request of one layer shares.
-#[derive(Clone)]
-pub(crate) struct Shared {
-    pub store: Arc<dyn IdempotencyStore>,
-    pub auth: Arc<dyn Authenticate>,
-    pub config: IdempotencyConfig,
-    pub capture: Arc<Capture>,
-    pub metrics: IdempotencyMetrics,
-    pub wakeups: LocalWakeups,
-    pub owners: Arc<OwnerIds>,
-    /// Rebuilds responses the retention sweeper dropped.
-    pub reconstruct: Option<Arc<dyn ReconstructResponse>>,
-    /// Checked on fresh claims: archived keys answer 410 instead of executing.
-    pub archive: Option<Arc<dyn ArchiveLookup>>,
-    /// Handlers running under a claim (shared by every clone of the layer).
-    pub executions: Arc<Executions>,
-    /// Told of every keyed arrival and its decision.
-    pub arrivals: Option<Arc<dyn ArrivalSink>>,
-}
-
-/// Owner ids for claims: one prefix per layer instance, a sequence number per claim, so
-/// a record's owner tells which process and which request held it.
-pub(crate) struct OwnerIds {
-    prefix: String,
-    next: AtomicU64,
-}
-
-impl OwnerIds {
-    fn new() -> Self {
-        Self {
-            prefix: format!("http-{}", uuid::Uuid::now_v7().simple()),
-            next: AtomicU64::new(1),
-        }
-    }
-
-    pub(crate) fn next(&self) -> OwnerId {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        OwnerId::new(format!("{}#{n}", self.prefix)).expect("owner ids are visible ASCII")
-    }
 }
 
 impl IdempotencyLayer {
@@ -329,12 +287,6 @@ where
             },
         }
     }
-}
-
-/// The answer when the inner service returns an error instead of a response.
-pub(crate) fn inner_failed(e: BoxError) -> Response<Body> {
-    tracing::error!(error = %e, "the inner service failed");
-    Problem::new(ProblemKind::ExecutionFailed, "the request failed").response()
 }
 
 impl<F> fmt::Debug for ResponseFuture<F> {

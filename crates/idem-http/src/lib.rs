@@ -69,7 +69,8 @@
 //! and string escapes do not matter; numbers keep their exact text), and one that names
 //! a member twice is refused with 400 `duplicate-json-member` (see
 //! [`idem_core::fingerprint`]). Route rules ([`config::RouteRule`]) are patterns
-//! (`/v1/orders/{id}`) matched against that concrete path. Both `Router::layer` and
+//! (`/v1/orders/{id}`) matched against that concrete path; the most specific matching
+//! rule wins, whatever the order they are listed in ([`routes`]). Both `Router::layer` and
 //! `Router::route_layer` work: `route_layer` leaves unmatched paths alone (plain 404);
 //! `layer` also guards the fallback.
 //!
@@ -83,11 +84,12 @@
 //! and keys whose records were archived answer `410 idempotency-key-expired` instead of
 //! executing again ([`IdempotencyLayer::with_archive`]); see [`retention`].
 //!
-//! Modules: [`config`] (what applies where), [`auth`], [`problem`], [`headers`],
+//! Modules: [`config`] (what applies where), [`routes`] (which rule decides), [`auth`], [`problem`], [`headers`],
 //! [`metrics`], [`openapi`], [`transactional`] (the handler finishes the claim in its own
 //! transaction). The requester side is the `idem-client` crate; the benchmark is in
 //! `idem-bench`.
 
+mod answer;
 mod arrivals;
 pub mod auth;
 pub mod body;
@@ -102,6 +104,8 @@ pub mod pipeline;
 pub mod problem;
 mod replay;
 pub mod retention;
+pub mod routes;
+mod shared;
 pub mod transactional;
 
 pub use auth::{Authenticate, BearerTokens, Identity, TokenConflict, Unauthenticated};

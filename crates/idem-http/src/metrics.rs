@@ -1,6 +1,7 @@
 //! Counters for what the layer decided, in Prometheus form.
 //!
-//! Owns the metric names and labels; the application owns the [`Registry`] and the
+//! Owns the metric names and labels, and what each decision counts as for an
+//! [`ArrivalSink`](idem_core::ArrivalSink); the application owns the [`Registry`] and the
 //! `/metrics` route. Register once per process (or per registry): tests that start the
 //! app several times share one [`IdempotencyMetrics`] handle instead of registering again.
 //!
@@ -19,6 +20,7 @@ use std::sync::Arc;
 
 use std::fmt::Write as _;
 
+use idem_core::ArrivalDecision;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -79,6 +81,20 @@ label_enum! {
         StoreError => "store_error",
         /// The key was archived: 410, handler not called.
         KeyExpired => "key_expired",
+    }
+}
+
+impl Decision {
+    /// What an arrival's story says for this decision. A fail-open bypass ran the
+    /// handler (unprotected), so it executed; decisions without a key never get there.
+    fn arrival(self) -> ArrivalDecision {
+        match self {
+            Decision::Executed | Decision::Bypassed => ArrivalDecision::Executed,
+            Decision::Replayed => ArrivalDecision::Replayed,
+            Decision::InProgress => ArrivalDecision::InProgress,
+            Decision::Mismatch => ArrivalDecision::Mismatch,
+            _ => ArrivalDecision::Refused,
+        }
     }
 }
 
@@ -199,7 +215,7 @@ impl IdempotencyMetrics {
     /// Counts `decision`, and names it on the request's span (its `decision` field).
     pub(crate) fn decision(&self, decision: Decision) {
         tracing::Span::current().record("decision", decision.as_str());
-        crate::arrivals::note(decision);
+        crate::arrivals::note(decision.arrival());
         self.inner
             .requests
             .get_or_create(&DecisionLabels { decision })
@@ -287,5 +303,12 @@ mod tests {
         assert_eq!(m.conflicts(Conflict::InProgress), 0);
         assert_eq!(m.requests(Decision::Executed), 1);
         assert_eq!(Decision::ALL.len(), 14);
+    }
+
+    #[test]
+    fn decisions_as_arrivals() {
+        assert_eq!(Decision::KeyExpired.arrival(), ArrivalDecision::Refused);
+        assert_eq!(Decision::Bypassed.arrival(), ArrivalDecision::Executed);
+        assert_eq!(Decision::Replayed.arrival(), ArrivalDecision::Replayed);
     }
 }

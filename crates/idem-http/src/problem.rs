@@ -4,7 +4,7 @@
 use http::Response;
 pub use idem_core::problem::*;
 
-use crate::body::{full, Body};
+use crate::body::{full, Body, BoxError};
 
 /// Turns a problem into a response.
 pub trait ProblemResponse {
@@ -20,4 +20,10 @@ impl ProblemResponse for Problem {
     fn response_for(&self, request_id: Option<&str>) -> Response<Body> {
         self.to_http(request_id).map(full)
     }
+}
+
+/// The answer when the inner service returns an error instead of a response.
+pub(crate) fn inner_failed(e: BoxError) -> Response<Body> {
+    tracing::error!(error = %e, "the inner service failed");
+    Problem::new(ProblemKind::ExecutionFailed, "the request failed").response()
 }

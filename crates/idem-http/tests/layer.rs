@@ -629,6 +629,30 @@ async fn optional_and_ignored_routes() {
     assert_eq!(server.handler.calls(), 4);
 }
 
+#[tokio::test]
+async fn a_more_specific_rule_listed_after_a_general_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = IdempotencyConfig::default()
+        .route(RouteRule::new("/v1/*").key(KeyRule::Ignored))
+        .route(RouteRule::new("/v1/orders").key(KeyRule::Required));
+    let server = start(sqlite(dir.path()).await, config).await;
+    let client = reqwest::Client::new();
+    let body = json!({});
+    // The general rule covers what the specific one does not.
+    let search = send(client.post(server.url("/v1/search")).json(&body)).await;
+    assert_eq!(search.status, 201);
+    // The specific rule, although listed second, decides for its path.
+    let orders = send(
+        client
+            .post(server.url("/v1/orders"))
+            .bearer_auth(ALICE)
+            .json(&body),
+    )
+    .await;
+    assert_eq!(orders.status, 400, "{}", orders.problem_type());
+    assert_eq!(server.handler.calls(), 1);
+}
+
 /// An app whose route has a path parameter, so its template (`/things/{id}/pay`) and its
 /// concrete paths differ; it counts how often the handler ran.
 struct Things {
