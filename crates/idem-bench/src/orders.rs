@@ -27,7 +27,7 @@ use crate::saturation::{Meter, Saturation};
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct OrdersBenchOptions {
-    /// `postgres://…` or `sqlite://…`; a temporary SQLite file when `None`.
+    /// `postgres://…`, `mysql://…` or `sqlite://…`; a temporary SQLite file when `None`.
     pub database_url: Option<String>,
     pub concurrency: usize,
     /// Time per side; spread over [`ROUNDS`] alternating slices.
@@ -134,11 +134,19 @@ pub async fn bench(options: OrdersBenchOptions) -> Result<OrdersBenchReport, Ben
     let backend = Backend::of_url(&url)?;
     if backend == Backend::Redis {
         return Err(BenchError::Setup(
-            "the order service keeps its orders in SQLite or PostgreSQL, not Redis".into(),
+            "the order service keeps its orders in SQLite, PostgreSQL or MySQL, not Redis".into(),
         ));
     }
     let run_id = uuid::Uuid::now_v7().simple().to_string();
     let schema = format!("idem_bench_orders_{run_id}");
+    // MySQL: a database of the bench's own beside the URL's (its schemas are databases).
+    let server_url = url.clone();
+    let url = match backend {
+        Backend::Mysql => crate::cleanup::create_mysql_database(&url, &schema)
+            .await
+            .map_err(|e| BenchError::Setup(format!("bench database: {e}")))?,
+        _ => url,
+    };
     let secret = format!("bench-secret-{run_id}");
     let catalogue: Vec<ShowSeed> = (0..concurrency)
         .map(|i| ShowSeed {
@@ -219,6 +227,7 @@ pub async fn bench(options: OrdersBenchOptions) -> Result<OrdersBenchReport, Ben
     }
     let saturation = meter.stop(match backend {
         Backend::Sqlite => "commits: SQLite's single writer",
+        Backend::Mysql => "commits and round trips to MySQL",
         _ => "commits and round trips to PostgreSQL",
     });
     let _ = two.shutdown().await;
@@ -227,6 +236,11 @@ pub async fn bench(options: OrdersBenchOptions) -> Result<OrdersBenchReport, Ben
     if let Some(pg) = database_handle.postgres() {
         if let Err(e) = crate::cleanup::drop_schema(pg.pool(), &schema).await {
             tracing::warn!(error = %e, %schema, "could not drop the bench schema");
+        }
+    }
+    if backend == Backend::Mysql {
+        if let Err(e) = crate::cleanup::drop_mysql_database(&server_url, &schema).await {
+            tracing::warn!(error = %e, %schema, "could not drop the bench database");
         }
     }
     let mut totals = totals.into_iter().map(|t| t.expect("every side ran"));

@@ -243,68 +243,44 @@ pub(crate) struct MysqlBenchDb {
     pub pool: sqlx::MySqlPool,
     /// The URL of the bench's database, for idem's store.
     pub url: String,
+    /// The URL it was made from, to drop it.
+    server: String,
     name: String,
 }
 
 impl MysqlBenchDb {
     pub async fn create(url: &str, name: &str) -> Result<Self, StoreError> {
-        use sqlx::{ConnectOptions, Connection};
         use std::str::FromStr;
-        let driver = url.replacen("mariadb://", "mysql://", 1);
-        let options = sqlx::mysql::MySqlConnectOptions::from_str(&driver)
-            .map_err(|e| StoreError::InvalidInput(format!("database URL: {e}")))?;
-        let mut conn = options
-            .connect()
+        let unavailable = |e: sqlx::Error| StoreError::Unavailable(e.to_string());
+        let bench_url = idem_bench::cleanup::create_mysql_database(url, name)
             .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-            .execute(&mut conn)
-            .await
-            .map_err(raw)?;
-        conn.close().await.map_err(raw)?;
+            .map_err(unavailable)?;
+        let options = sqlx::mysql::MySqlConnectOptions::from_str(&bench_url.replacen(
+            "mariadb://",
+            "mysql://",
+            1,
+        ))
+        .map_err(|e| StoreError::InvalidInput(format!("database URL: {e}")))?;
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(32)
             .acquire_timeout(Duration::from_secs(5))
             .test_before_acquire(false)
-            .connect_with(options.database(name))
+            .connect_with(options)
             .await
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            .map_err(unavailable)?;
         Ok(Self {
             pool,
-            url: with_database(url, name)?,
+            url: bench_url,
+            server: url.to_string(),
             name: name.to_string(),
         })
     }
 
     pub async fn drop(&self) -> Result<(), StoreError> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS `{}`",
-            self.name
-        )))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| StoreError::Backend(format!("drop bench database {}: {e}", self.name)))?;
-        Ok(())
+        idem_bench::cleanup::drop_mysql_database(&self.server, &self.name)
+            .await
+            .map_err(|e| StoreError::Backend(format!("drop bench database {}: {e}", self.name)))
     }
-}
-
-/// `url` naming the database `db` instead of its own (query parameters kept).
-fn with_database(url: &str, db: &str) -> Result<String, StoreError> {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let authority = base
-        .find("://")
-        .map(|i| i + 3)
-        .ok_or_else(|| StoreError::InvalidInput("database URL without a scheme".into()))?;
-    let path = base[authority..]
-        .find('/')
-        .map_or(base.len(), |i| authority + i);
-    Ok(match query {
-        Some(q) => format!("{}/{db}?{q}", &base[..path]),
-        None => format!("{}/{db}", &base[..path]),
-    })
 }
 
 /// MySQL/MariaDB baseline: `INSERT … ON DUPLICATE KEY UPDATE` that changes nothing,

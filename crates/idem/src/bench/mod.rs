@@ -65,8 +65,8 @@ enum BenchCommand {
     },
     /// POST /v1/orders through the order service's handler with fresh keys (claim in the
     /// order's transaction, and claim ahead) against the same create without a key, in
-    /// one run, on the database `--database-url` names (a schema of its own, removed
-    /// afterwards) or a temporary SQLite file
+    /// one run, on the database `--database-url` names (a schema of its own, on MySQL a
+    /// database of its own, removed afterwards) or a temporary SQLite file
     Orders {
         /// Concurrent clients, each ordering from a show of its own.
         #[arg(long, default_value_t = 16)]
