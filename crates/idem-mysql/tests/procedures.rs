@@ -513,3 +513,42 @@ async fn bench_procedures_against_statements() {
         );
     }
 }
+
+/// A procedure works on its own database's tables whatever the session's default
+/// database: a decoy `idem_records` there is never touched.
+#[tokio::test]
+async fn the_callers_default_database_does_not_redirect_the_procedures() {
+    let (Some(h), Some(decoy)) = (common::harness().await, common::unmigrated().await) else {
+        return;
+    };
+    let mut conn = decoy.admin().await;
+    conn.execute(AssertSqlSafe(format!(
+        "CREATE TABLE idem_records LIKE `{}`.idem_records",
+        h.database
+    )))
+    .await
+    .expect("decoy table");
+    let decision: String = sqlx::query_scalar(AssertSqlSafe(format!(
+        "CALL `{}`.idem_claim('t', 'k', UNHEX(SHA2('x', 256)), 'p', 'o', 1000)",
+        h.database
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("claim");
+    assert_eq!(decision, "proceed");
+    let count = |db: String| {
+        let url = decoy.url.clone();
+        async move {
+            let mut c = sqlx::MySqlConnection::connect(&url).await.expect("connect");
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+                "SELECT COUNT(*) FROM `{db}`.idem_records"
+            )))
+            .fetch_one(&mut c)
+            .await
+            .expect("count")
+        }
+    };
+    assert_eq!(count(h.database.clone()).await, 1);
+    assert_eq!(count(decoy.database.clone()).await, 0);
+    conn.close().await.expect("close");
+}
