@@ -104,7 +104,7 @@ FOR EACH ROW
         SET MESSAGE_TEXT = 'idem_lease_tokens: token counters are never deleted'",
 ];
 
-/// Migration 6: the acquire and the holder's release as procedures, one round trip each
+/// Migration 7: the acquire and the holder's release as procedures, one round trip each
 /// instead of six to eight (the cycle's cost was its round trips). They are the store's
 /// own, called only from here with checked arguments; the other changes keep the
 /// statements below, and a release the procedure does not settle (not the holder, an

@@ -450,3 +450,105 @@ async fn the_clock_shift_lasts_one_call() {
     let (a, b): (i64, i64) = (shifted.get("created_at"), plain.get("created_at"));
     assert!(a - b > 3_500_000, "a {a} b {b}");
 }
+
+/// Times claim+complete of fresh keys and replays through the procedures and through the
+/// statement store, alternating rounds (and which goes first) on one pool of 2. Run with
+/// `cargo test -p idem-mysql --test procedures -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing; prints ratios"]
+async fn bench_procedures_against_statements() {
+    let Some(h) = common::harness().await else {
+        return;
+    };
+    let mut options = h.options();
+    options.max_connections = 2;
+    options.recent_capacity = 0; // both claims read through one statement
+    let my = h.store_with(options).await;
+    let procs = ProcedureStore::new(my.clone());
+    let stores: [(&str, Arc<dyn IdempotencyStore>); 2] = [
+        ("statements", Arc::new(my)),
+        ("procedures", Arc::new(procs)),
+    ];
+    let tenant = fresh_tenant();
+    let per_round = 300;
+    let rounds = 7;
+    let mut totals = [[Duration::ZERO; 2]; 2]; // [store][claim+complete, replay]
+    for round in 0..rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let (name, store) = &stores[i];
+            let keys: Vec<_> = (0..per_round)
+                .map(|n| request(&tenant, &format!("{name}-{round}-{n}"), "p", "o"))
+                .collect();
+            let start = Instant::now();
+            for req in &keys {
+                match store.claim(req).await.unwrap() {
+                    Claim::Proceed(token) => {
+                        store.complete(&token, result("r")).await.unwrap();
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            let fresh = start.elapsed();
+            let start = Instant::now();
+            for req in &keys {
+                assert!(matches!(store.claim(req).await.unwrap(), Claim::Replay(_)));
+            }
+            let replay = start.elapsed();
+            // The first round warms the pool and the statement caches.
+            if round > 0 {
+                totals[i][0] += fresh;
+                totals[i][1] += replay;
+            }
+        }
+    }
+    let n = (per_round * (rounds - 1)) as f64;
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / n;
+    for (what, j) in [("claim+complete", 0), ("replay", 1)] {
+        println!(
+            "{what}: statements {:.0} us, procedures {:.0} us, procedures/statements {:.2}",
+            us(totals[0][j]),
+            us(totals[1][j]),
+            totals[1][j].as_secs_f64() / totals[0][j].as_secs_f64()
+        );
+    }
+}
+
+/// A procedure works on its own database's tables whatever the session's default
+/// database: a decoy `idem_records` there is never touched.
+#[tokio::test]
+async fn the_callers_default_database_does_not_redirect_the_procedures() {
+    let (Some(h), Some(decoy)) = (common::harness().await, common::unmigrated().await) else {
+        return;
+    };
+    let mut conn = decoy.admin().await;
+    conn.execute(AssertSqlSafe(format!(
+        "CREATE TABLE idem_records LIKE `{}`.idem_records",
+        h.database
+    )))
+    .await
+    .expect("decoy table");
+    let decision: String = sqlx::query_scalar(AssertSqlSafe(format!(
+        "CALL `{}`.idem_claim('t', 'k', UNHEX(SHA2('x', 256)), 'p', 'o', 1000)",
+        h.database
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("claim");
+    assert_eq!(decision, "proceed");
+    let count = |db: String| {
+        let url = decoy.url.clone();
+        async move {
+            let mut c = sqlx::MySqlConnection::connect(&url).await.expect("connect");
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
+                "SELECT COUNT(*) FROM `{db}`.idem_records"
+            )))
+            .fetch_one(&mut c)
+            .await
+            .expect("count")
+        }
+    };
+    assert_eq!(count(h.database.clone()).await, 1);
+    assert_eq!(count(decoy.database.clone()).await, 0);
+    conn.close().await.expect("close");
+}

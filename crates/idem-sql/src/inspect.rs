@@ -1,5 +1,6 @@
-//! [`Inspect`] for the SQL stores, written once over [`Conn`] in the `$n` dialect both
-//! backends accept.
+//! [`Inspect`] for the SQL stores, written once over [`Conn`] in the `$n` dialect every
+//! backend accepts; the two words MySQL reads otherwise (the reserved `key`, the cast to
+//! a 64-bit integer) are spelled per dialect by [`dialects!`].
 //!
 //! Owns the read-only statements over `idem_records` that operators' tools run (counts,
 //! overdue PROCESSING records, key-prefix and result-reference search). It must not
@@ -33,6 +34,66 @@ fn store_error(e: sqlx::Error) -> StoreError {
     }
 }
 
+/// One statement in both dialects.
+struct Dialects {
+    /// SQLite and PostgreSQL.
+    common: &'static str,
+    /// MySQL and MariaDB.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    mysql: &'static str,
+}
+
+/// A statement from literal parts, where `SUMMARY` selects a [`RecordSummary`]'s columns,
+/// `KEY` is the key column (MySQL reserves the word; its backticks are not PostgreSQL's
+/// quotes) and `INTEGER` the integer type of a cast (MySQL casts to `SIGNED` only, not
+/// `BIGINT` or `INTEGER`).
+macro_rules! dialects {
+    ($($part:tt),* $(,)?) => {
+        Dialects {
+            common: concat!($(dialects!(@common $part)),*),
+            mysql: concat!($(dialects!(@mysql $part)),*),
+        }
+    };
+    (@common SUMMARY) => {
+        "SELECT tenant_id, key, state, CAST(attempts AS BIGINT) AS attempts, lease_expires_at, \
+         created_at, updated_at, result_ref FROM idem_records"
+    };
+    (@common KEY) => { "key" };
+    (@common INTEGER) => { "INTEGER" };
+    (@common $s:literal) => { $s };
+    (@mysql SUMMARY) => {
+        "SELECT tenant_id, `key`, state, CAST(attempts AS SIGNED) AS attempts, lease_expires_at, \
+         created_at, updated_at, result_ref FROM idem_records"
+    };
+    (@mysql KEY) => { "`key`" };
+    (@mysql INTEGER) => { "SIGNED" };
+    (@mysql $s:literal) => { $s };
+}
+
+const PAST_LEASE: Dialects = dialects![
+    SUMMARY,
+    " WHERE state = 'PROCESSING' AND lease_expires_at < $1 \
+     ORDER BY lease_expires_at LIMIT $2",
+];
+
+// SUBSTR, not LIKE: SQLite's LIKE ignores ASCII case, keys do not.
+const KEY_PREFIX: Dialects = dialects![
+    SUMMARY,
+    " WHERE tenant_id = $1 AND SUBSTR(",
+    KEY,
+    ", 1, CAST($2 AS ",
+    INTEGER,
+    ")) = $3 \
+     ORDER BY ",
+    KEY,
+    " LIMIT $4",
+];
+
+const RESULT_REF: Dialects = dialects![
+    SUMMARY,
+    " WHERE tenant_id = $1 AND result_ref = $2 ORDER BY created_at LIMIT $3",
+];
+
 fn limit_arg(limit: usize) -> i64 {
     i64::try_from(page_limit(limit)).unwrap_or(1)
 }
@@ -62,6 +123,15 @@ impl SqlStore {
     async fn rows(&self, q: Sql) -> Result<Vec<Row>, StoreError> {
         let mut conn = self.acquire().await.map_err(store_error)?;
         conn.conn().all(q).await.map_err(store_error)
+    }
+
+    /// `d` in this store's dialect.
+    fn dialect(&self, d: &Dialects) -> &'static str {
+        #[cfg(feature = "mysql")]
+        if self.backend() == crate::Backend::Mysql {
+            return d.mysql;
+        }
+        d.common
     }
 
     async fn summaries(&self, q: Sql) -> Result<Vec<RecordSummary>, StoreError> {
@@ -169,14 +239,9 @@ impl SqlStore {
             .unwrap_or(0);
         let first = self
             .summaries(
-                sql(
-                    "SELECT tenant_id, key, state, CAST(attempts AS BIGINT) AS attempts, \
-                       lease_expires_at, created_at, updated_at, result_ref FROM idem_records \
-                     WHERE state = 'PROCESSING' AND lease_expires_at < $1 \
-                     ORDER BY lease_expires_at LIMIT $2",
-                )
-                .bind(now)
-                .bind(limit_arg(limit)),
+                sql(self.dialect(&PAST_LEASE))
+                    .bind(now)
+                    .bind(limit_arg(limit)),
             )
             .await?;
         Ok(PastLease { count, first })
@@ -188,19 +253,18 @@ impl SqlStore {
         prefix: &str,
         limit: usize,
     ) -> Result<Vec<RecordSummary>, StoreError> {
-        // SUBSTR, not LIKE: SQLite's LIKE ignores ASCII case, keys do not.
+        // Keys are visible ASCII: another prefix names none (and MySQL would refuse to
+        // compare it with the ASCII column).
+        if !prefix.is_ascii() {
+            return Ok(Vec::new());
+        }
         let len = i64::try_from(prefix.len()).unwrap_or(i64::MAX);
         self.summaries(
-            sql(
-                "SELECT tenant_id, key, state, CAST(attempts AS BIGINT) AS attempts, \
-                   lease_expires_at, created_at, updated_at, result_ref FROM idem_records \
-                 WHERE tenant_id = $1 AND SUBSTR(key, 1, CAST($2 AS INTEGER)) = $3 \
-                 ORDER BY key LIMIT $4",
-            )
-            .bind(tenant.as_str())
-            .bind(len)
-            .bind(prefix)
-            .bind(limit_arg(limit)),
+            sql(self.dialect(&KEY_PREFIX))
+                .bind(tenant.as_str())
+                .bind(len)
+                .bind(prefix)
+                .bind(limit_arg(limit)),
         )
         .await
     }
@@ -212,14 +276,10 @@ impl SqlStore {
         limit: usize,
     ) -> Result<Vec<RecordSummary>, StoreError> {
         self.summaries(
-            sql(
-                "SELECT tenant_id, key, state, CAST(attempts AS BIGINT) AS attempts, \
-                   lease_expires_at, created_at, updated_at, result_ref FROM idem_records \
-                 WHERE tenant_id = $1 AND result_ref = $2 ORDER BY created_at LIMIT $3",
-            )
-            .bind(tenant.as_str())
-            .bind(result_ref)
-            .bind(limit_arg(limit)),
+            sql(self.dialect(&RESULT_REF))
+                .bind(tenant.as_str())
+                .bind(result_ref)
+                .bind(limit_arg(limit)),
         )
         .await
     }

@@ -1,12 +1,16 @@
 //! The facade over real stores: a SQLite file, a PostgreSQL schema per test, a MySQL /
 //! MariaDB database per test (feature `mysql`), a Redis key prefix per test. The SQL
-//! scenarios are written once and run on every SQL backend.
+//! scenarios are written once and run on every SQL backend: transactions and fences, the
+//! arrival timeline (`ArrivalLog` and its reads) and the operators' `Inspect`.
 
 use std::time::Duration;
 
 use idem_conformance::{fresh_tenant, request, result, skip_or_fail};
 use idem_core::{Acquire, Claim, ErrorKind, Finish, LeaseName, OwnerId, RecordState, StoreError};
-use idem_sql::{sql, Backend, OpenOptions, SqlStore, Store};
+use idem_core::{
+    Arrival, ArrivalDecision, ArrivalSink, IdempotencyKey, Principal, Scope, StoredResult, TenantId,
+};
+use idem_sql::{arrivals, sql, ArrivalLog, ArrivalOptions, Backend, OpenOptions, SqlStore, Store};
 
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const REDIS_URL: &str = "redis://127.0.0.1:6379";
@@ -245,6 +249,226 @@ async fn fenced_writes(db: &SqlStore) {
     assert_eq!(empty.kind(), ErrorKind::InvalidInput);
 }
 
+/// The process clock in epoch ms, as arrivals are stamped.
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn arrival(tenant: &TenantId, key: &str, decision: ArrivalDecision, at: i64) -> Arrival {
+    Arrival {
+        scope: Scope::new(tenant.clone(), IdempotencyKey::new(key).unwrap()),
+        principal: Principal::new("p").unwrap(),
+        decision,
+        status: 201,
+        at,
+        elapsed_ms: 3,
+    }
+}
+
+/// Writes `batch` through an `ArrivalLog` (closing it writes what it buffered).
+async fn log_arrivals(db: &SqlStore, batch: Vec<Arrival>) {
+    let log = ArrivalLog::start(db.clone(), ArrivalOptions::default());
+    let n = batch.len() as u64;
+    for a in batch {
+        log.record(a);
+    }
+    log.close().await;
+    assert_eq!((log.written(), log.dropped()), (n, 0));
+}
+
+/// The arrival timeline: counts per key, the first 64 arrivals one by one, multi-row
+/// writes of many keys, lookups by name, and retention following the record.
+async fn arrival_timeline(db: &SqlStore) {
+    let t = fresh_tenant();
+    let records = db.records();
+    let token = match records.claim(&request(&t, "kept", "p", "o")).await.unwrap() {
+        Claim::Proceed(token) => token,
+        other => panic!("{other:?}"),
+    };
+    records.complete(&token, result("done")).await.unwrap();
+    let now = wall_ms() - 10_000;
+    // 70 arrivals of a recorded key in two writes, 2 of a key without a record.
+    let first: Vec<Arrival> = (0..40)
+        .map(|i| {
+            let d = if i == 0 {
+                ArrivalDecision::Executed
+            } else {
+                ArrivalDecision::Replayed
+            };
+            arrival(&t, "kept", d, now + i)
+        })
+        .chain([arrival(&t, "gone", ArrivalDecision::Refused, now)])
+        .collect();
+    log_arrivals(db, first).await;
+    let second: Vec<Arrival> = (40..70)
+        .map(|i| arrival(&t, "kept", ArrivalDecision::Replayed, now + i))
+        .chain([arrival(&t, "gone", ArrivalDecision::Mismatch, now + 1)])
+        .collect();
+    log_arrivals(db, second).await;
+    let kept = arrivals::key_arrivals(db, t.as_str(), "kept")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.summary(), "70 arrivals: 1 executed, 69 replayed");
+    assert_eq!(kept.arrivals.len(), 64);
+    assert_eq!(kept.arrivals.last().unwrap().seq, 64);
+    assert_eq!(kept.arrivals[0].decision, ArrivalDecision::Executed);
+    assert_eq!((kept.first_at, kept.last_at), (now, now + 69));
+    let found = arrivals::arrived_keys(db, t.as_str(), "gone", 10)
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!((found[0].key.as_str(), found[0].last_at), ("gone", now + 1));
+    assert!(arrivals::key_arrivals(db, t.as_str(), "never")
+        .await
+        .unwrap()
+        .is_none());
+
+    // Many keys in one write go in multi-row statements; every total lands on its key.
+    let many: Vec<Arrival> = (0..100)
+        .flat_map(|k| {
+            let t = t.clone();
+            (0..=k % 3)
+                .map(move |i| arrival(&t, &format!("many-{k}"), ArrivalDecision::Replayed, now + i))
+        })
+        .collect();
+    log_arrivals(db, many.clone()).await;
+    log_arrivals(db, many).await;
+    for k in 0..100 {
+        let a = arrivals::key_arrivals(db, t.as_str(), &format!("many-{k}"))
+            .await
+            .unwrap()
+            .unwrap();
+        let n = 2 * (k % 3 + 1);
+        assert_eq!((a.total, a.arrivals.len() as i64), (n, n), "many-{k}");
+        let mut seqs: Vec<i64> = a.arrivals.iter().map(|x| x.seq).collect();
+        seqs.sort();
+        assert_eq!(seqs, (1..=n).collect::<Vec<_>>(), "many-{k}");
+    }
+
+    // Too recent to go, whatever the record says; then every key without a record goes
+    // (the "many" ones and "gone"), the recorded one stays.
+    let archive = db.archive();
+    let sweep = |cutoff| arrivals::sweep(db, records.as_ref(), Some(archive.as_ref()), cutoff);
+    assert_eq!(sweep(now - 1).await.unwrap(), 0);
+    assert_eq!(sweep(wall_ms()).await.unwrap(), 101);
+    assert!(arrivals::key_arrivals(db, t.as_str(), "gone")
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        arrivals::key_arrivals(db, t.as_str(), "kept")
+            .await
+            .unwrap()
+            .unwrap()
+            .total,
+        70
+    );
+}
+
+/// `Inspect`: counts by state, case-sensitive key prefixes, overdue leases by the store
+/// clock, result references.
+async fn inspect_reads(db: &SqlStore) {
+    let t = fresh_tenant();
+    let records = db.records();
+    let inspect = db.inspect();
+    let before = inspect.counts_by_state().await.unwrap();
+    let processing = |counts: &[(RecordState, i64)]| {
+        counts
+            .iter()
+            .find(|(s, _)| *s == RecordState::Processing)
+            .map_or(0, |(_, n)| *n)
+    };
+    let mut tokens = Vec::new();
+    for key in ["ab-1", "ab-2", "AB-3", "zz"] {
+        let mut req = request(&t, key, "p", "worker");
+        req.lease = Duration::from_secs(1);
+        match records.claim(&req).await.unwrap() {
+            Claim::Proceed(token) => tokens.push(token),
+            other => panic!("{other:?}"),
+        }
+    }
+    let counts = inspect.counts_by_state().await.unwrap();
+    assert_eq!(counts.len(), RecordState::ALL.len());
+    assert_eq!(processing(&counts), processing(&before) + 4, "{counts:?}");
+
+    let found = inspect.by_key_prefix(&t, "ab-", 10).await.unwrap();
+    let keys: Vec<&str> = found.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["ab-1", "ab-2"]);
+    assert_eq!(found[0].attempts, 1);
+    assert_eq!(found[0].state, RecordState::Processing);
+    assert_eq!(inspect.by_key_prefix(&t, "ab-", 1).await.unwrap().len(), 1);
+    assert!(inspect
+        .by_key_prefix(&t, "\u{e9}", 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(inspect
+        .by_key_prefix(&fresh_tenant(), "ab", 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Judged by the store's clock: none of these overdue now, all four a little later.
+    let now = inspect.now().await.unwrap();
+    let ours = |first: &[idem_core::RecordSummary]| {
+        first.iter().filter(|r| r.tenant == t.as_str()).count()
+    };
+    let overdue = inspect.processing_past_lease(now, 100).await.unwrap();
+    assert_eq!(ours(&overdue.first), 0);
+    let later = inspect
+        .processing_past_lease(now + 2_000, 100)
+        .await
+        .unwrap();
+    assert_eq!(ours(&later.first), 4);
+    assert!(later.count >= 4);
+    assert_eq!(
+        inspect
+            .processing_past_lease(now + 2_000, 2)
+            .await
+            .unwrap()
+            .first
+            .len(),
+        2
+    );
+
+    let with_ref = StoredResult {
+        result_ref: Some("/v1/orders/7".into()),
+        ..result("done")
+    };
+    records.complete(&tokens[3], with_ref).await.unwrap();
+    let by_ref = inspect.by_result_ref(&t, "/v1/orders/7", 10).await.unwrap();
+    assert_eq!(by_ref.len(), 1);
+    assert_eq!(
+        (by_ref[0].key.as_str(), by_ref[0].state),
+        ("zz", RecordState::Succeeded)
+    );
+    assert!(inspect
+        .by_result_ref(&t, "/v1/none", 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test]
+async fn sqlite_arrivals_and_inspect() {
+    let (db, _dir) = sqlite().await;
+    arrival_timeline(&db).await;
+    inspect_reads(&db).await;
+}
+
+#[tokio::test]
+async fn postgres_arrivals_and_inspect() {
+    let Some(pg) = PgSchema::open().await else {
+        return;
+    };
+    arrival_timeline(&pg.store).await;
+    inspect_reads(&pg.store).await;
+    pg.drop_schema().await;
+}
+
 #[tokio::test]
 async fn sqlite_transactions_statements_and_fences() {
     let (db, _dir) = sqlite().await;
@@ -386,6 +610,18 @@ mod mysql {
             .expect("a missing argument");
         assert!(err.to_string().contains("$3"), "{err}");
         drop(conn);
+        my.drop_database().await;
+    }
+
+    #[tokio::test]
+    async fn mysql_arrivals_and_inspect() {
+        let Some(my) = MyDb::open("mysql://").await else {
+            return;
+        };
+        let db = my.store.sql().expect("a SQL store").clone();
+        arrival_timeline(&db).await;
+        inspect_reads(&db).await;
+        drop(db);
         my.drop_database().await;
     }
 
