@@ -244,8 +244,11 @@ async fn freeze_on_the_database_reaches_the_server(env: Env) {
 
 async fn freeze_on_db(env: &Env, request: &FreezeRequest) -> idem_orders::FreezeChange {
     match env.backend {
-        Backend::Sqlite => freeze::freeze(&env.url, request).await.expect("freeze"),
-        Backend::Postgres | Backend::Mysql => freeze::apply_freeze(&env.database().await, request)
+        // The CLI's path: a URL that names the whole database.
+        Backend::Sqlite | Backend::Mysql => {
+            freeze::freeze(&env.url, request).await.expect("freeze")
+        }
+        Backend::Postgres => freeze::apply_freeze(&env.database().await, request)
             .await
             .expect("freeze"),
     }
