@@ -168,4 +168,37 @@ mod tests {
         .await
         .unwrap();
     }
+
+    #[tokio::test]
+    async fn mysql_pending_compensation() {
+        use sqlx::{Connection, Executor};
+        let server = std::env::var("IDEM_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+        let mut admin = match sqlx::MySqlConnection::connect(&server).await {
+            Ok(c) => c,
+            Err(e) => return idem_conformance::skip_or_fail("MySQL/MariaDB", &e),
+        };
+        let database = format!("idem_orders_comp_{}", uuid::Uuid::now_v7().simple());
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{database}`")))
+            .await
+            .unwrap();
+        // The server's URL naming the new database.
+        let (head, query) = server.split_once('?').unwrap_or((&server, ""));
+        let host = head.find("://").map_or(0, |i| i + 3);
+        let cut = head[host..].find('/').map_or(head.len(), |i| host + i);
+        let sep = if query.is_empty() { "" } else { "?" };
+        let url = format!("{}/{database}{sep}{query}", &head[..cut]);
+        let options = DatabaseOptions {
+            pg_max_connections: Some(2),
+            ..DatabaseOptions::default()
+        };
+        let db = Database::open(&url, options).await.unwrap();
+        pending_follows_the_ledgers(&db).await;
+        drop(db);
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("DROP DATABASE `{database}`")))
+            .await
+            .unwrap();
+    }
 }

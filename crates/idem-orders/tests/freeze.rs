@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Backend, Env, TestServer, T1};
-use idem_orders::{freeze, Database, DatabaseOptions, FreezeRequest, FreezeScope, FreezeWhat};
+use idem_orders::{freeze, FreezeRequest, FreezeScope, FreezeWhat};
 use serde_json::{json, Value};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -244,8 +244,11 @@ async fn freeze_on_the_database_reaches_the_server(env: Env) {
 
 async fn freeze_on_db(env: &Env, request: &FreezeRequest) -> idem_orders::FreezeChange {
     match env.backend {
-        Backend::Sqlite => freeze::freeze(&env.url, request).await.expect("freeze"),
-        Backend::Postgres | Backend::Mysql => freeze::apply_freeze(&open(env).await, request)
+        // The CLI's path: a URL that names the whole database.
+        Backend::Sqlite | Backend::Mysql => {
+            freeze::freeze(&env.url, request).await.expect("freeze")
+        }
+        Backend::Postgres => freeze::apply_freeze(&env.database().await, request)
             .await
             .expect("freeze"),
     }
@@ -254,20 +257,10 @@ async fn freeze_on_db(env: &Env, request: &FreezeRequest) -> idem_orders::Freeze
 async fn unfreeze_on_db(env: &Env, request: &FreezeRequest) -> idem_orders::FreezeChange {
     match env.backend {
         Backend::Sqlite => freeze::unfreeze(&env.url, request).await.expect("unfreeze"),
-        Backend::Postgres | Backend::Mysql => freeze::apply_unfreeze(&open(env).await, request)
-            .await
-            .expect("unfreeze"),
+        Backend::Postgres | Backend::Mysql => {
+            freeze::apply_unfreeze(&env.database().await, request)
+                .await
+                .expect("unfreeze")
+        }
     }
-}
-
-async fn open(env: &Env) -> Database {
-    Database::open(
-        &env.url,
-        DatabaseOptions {
-            pg_schema: env.pg_schema.clone(),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("open")
 }

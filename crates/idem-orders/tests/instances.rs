@@ -6,7 +6,7 @@ mod common;
 
 use common::{Env, T1};
 
-on_both_stores!(a_double_click_across_two_instances_is_one_order);
+on_every_store!(a_double_click_across_two_instances_is_one_order);
 
 /// 40 keys at once, each sent to both instances at the same moment: each key makes one order,
 /// both sends get 201 with the same order (one of them a replay), none a 5xx.

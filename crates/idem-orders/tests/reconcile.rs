@@ -14,8 +14,7 @@ use idem_orders::ledgers::OrderFilter;
 use idem_orders::reconcile::{self, ActionKind, ActionState, ReconcileOptions, ReconcileReport};
 use idem_orders::service::consumers;
 use idem_orders::{
-    Database, DatabaseOptions, FreezeRequest, FreezeScope, FreezeWhat, Handled, Orders,
-    OrdersOptions,
+    Database, FreezeRequest, FreezeScope, FreezeWhat, Handled, Orders, OrdersOptions,
 };
 use serde_json::json;
 
@@ -23,18 +22,6 @@ on_every_store!(lookalikes_are_left_alone);
 // The incident driver's ledger summaries (`idem_bench::demo`) are written for SQLite and
 // PostgreSQL.
 on_both_stores!(incident_is_reconciled_once);
-
-async fn open(env: &Env) -> Database {
-    Database::open(
-        &env.url,
-        DatabaseOptions {
-            pg_schema: env.pg_schema.clone(),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("open")
-}
 
 fn orders_of(db: &Database) -> Orders {
     Orders::new(
@@ -67,7 +54,7 @@ async fn incident_is_reconciled_once(env: Env) {
     })
     .await
     .expect("demo runs");
-    let db = open(&env).await;
+    let db = env.database().await;
     let orders = orders_of(&db);
     let filter = OrderFilter {
         client_session: Some("sess-2014".into()),
@@ -271,7 +258,7 @@ async fn lookalikes_are_left_alone(env: Env) {
     ids.push(r.order_id());
     server.shutdown().await;
 
-    let db = open(&env).await;
+    let db = env.database().await;
     let options = ReconcileOptions {
         tenant: Some("t1".into()),
         window: Duration::from_millis(500),

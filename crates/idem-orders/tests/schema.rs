@@ -7,25 +7,12 @@ mod common;
 
 use common::{Backend, Env};
 use futures::future::join_all;
-use idem_orders::{Database, DatabaseOptions};
 use sqlx::{Connection, Executor, MySqlConnection};
 
 on_every_store!(migrators_starting_at_once_apply_each_version_once);
 
-async fn open(env: &Env) -> Database {
-    Database::open(
-        &env.url,
-        DatabaseOptions {
-            pg_schema: env.pg_schema.clone(),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("open")
-}
-
 async fn migrators_starting_at_once_apply_each_version_once(env: Env) {
-    let dbs = join_all((0..4).map(|_| open(&env))).await;
+    let dbs = join_all((0..4).map(|_| env.database())).await;
     for db in &dbs {
         let status = db.schema_status().await.expect("schema status");
         assert!(status.current(), "{status:?}");
@@ -38,14 +25,14 @@ async fn a_mysql_migration_stopped_half_way_is_finished() {
     let Some(env) = common::env(Backend::Mysql).await else {
         return;
     };
-    drop(open(&env).await);
+    drop(env.database().await);
     // As if a migrator stopped after some of version 1's statements, before recording it.
     let mut raw = MySqlConnection::connect(&env.url).await.unwrap();
     raw.execute("DELETE FROM orders_schema_migrations")
         .await
         .unwrap();
     raw.execute("DROP TABLE freezes").await.unwrap();
-    let db = open(&env).await;
+    let db = env.database().await;
     let status = db.schema_status().await.expect("schema status");
     assert!(status.current(), "{status:?}");
     assert!(db.store().has_table("freezes").await.unwrap());

@@ -536,6 +536,12 @@ fn serve_and_reconcile_on_mysql() {
             "{}",
             json(&out)
         );
+        let out = idem(&url, &["freeze", "--scope", "user:U-7318", "--json"]);
+        assert!(out.status.success());
+        assert_eq!(json(&out)["active"].as_array().unwrap().len(), 3);
+        let out = idem(&url, &["unfreeze", "--scope", "user:U-7318", "--json"]);
+        assert!(out.status.success());
+        assert_eq!(json(&out)["active"].as_array().unwrap().len(), 0);
         let out = idem(&url, &["demo", "incident"]);
         assert_eq!(out.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&out.stderr).contains("SQLite or PostgreSQL"));

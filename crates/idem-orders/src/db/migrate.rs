@@ -1,8 +1,8 @@
 //! The ledgers' schema, as versioned migrations recorded in `orders_schema_migrations`.
 //!
 //! The DDL is shared by SQLite and PostgreSQL (`BIGINT` and `TEXT` columns, partial
-//! indexes, `CHECK`s); MySQL/MariaDB has its own form of each version (`MYSQL`). Leases and fences are the stores' own tables (`idem-sqlite`,
-//! `idem-postgres`).
+//! indexes, `CHECK`s); MySQL/MariaDB has its own form of each version (`MYSQL`). Leases
+//! and fences are the stores' own tables (`idem-sqlite`, `idem-postgres`, `idem-mysql`).
 //! Migrations are append-only: a released version is never edited. They run inside the
 //! caller's transaction, which takes turns with other migrators first (SQLite: `BEGIN
 //! IMMEDIATE`; PostgreSQL: a transaction-scoped advisory lock), so two processes starting

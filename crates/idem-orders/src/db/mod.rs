@@ -6,10 +6,11 @@
 //! `idem-sql`'s business: opening and the stores' migrations, the writing transaction,
 //! finishing a claim inside it, the fenced write, and the statements the ledgers
 //! ([`crate::ledgers`]) write once in the dialect SQLite and PostgreSQL share, with a
-//! MySQL form next to the few that differ ([`Conn::pick`], [`Conn::insert_new`]). This module adds the ledgers' own migrations
-//! (`migrate.rs`), the service's defaults, and `Tx` / `PoolConn` / `Conn` / `Row`: the
-//! facade's types answering this crate's [`Error`] (driver errors classified by
-//! `From<sqlx::Error>`), so the ledgers' `?` keeps its meaning.
+//! MySQL form next to the few that differ ([`Conn::pick`], [`Conn::insert_new`]). This
+//! module adds the ledgers' own migrations (`migrate.rs`, a MySQL form of each), the
+//! service's defaults, and `Tx` / `PoolConn` / `Conn` / `Row`: the facade's types
+//! answering this crate's [`Error`] (driver errors classified by `From<sqlx::Error>`), so
+//! the ledgers' `?` keeps its meaning.
 //!
 //! This module must not know what an order is, and nothing here deletes a business row.
 
@@ -83,8 +84,8 @@ impl std::fmt::Debug for Database {
 }
 
 impl Database {
-    /// Opens `sqlite://PATH`, `postgres://…` or `mysql://…` and applies every pending migration (the
-    /// idempotency store's first, then the ledgers').
+    /// Opens `sqlite://PATH`, `postgres://…` or `mysql://…` and applies every pending
+    /// migration (the idempotency store's first, then the ledgers').
     pub async fn open(url: &str, options: DatabaseOptions) -> Result<Self, Error> {
         let mut open = OpenOptions::default();
         open.pg_schema = options.pg_schema;

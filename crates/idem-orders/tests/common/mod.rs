@@ -169,6 +169,19 @@ impl Env {
         }
     }
 
+    /// The service's database on this test's store, opened (and migrated) anew.
+    pub async fn database(&self) -> idem_orders::Database {
+        idem_orders::Database::open(
+            &self.url,
+            idem_orders::DatabaseOptions {
+                pg_schema: self.pg_schema.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("open")
+    }
+
     pub fn path(&self) -> Option<std::path::PathBuf> {
         self.dir.as_ref().map(|d| d.path().join("orders.db"))
     }
