@@ -1,4 +1,5 @@
-"""A small order service whose create is exactly-once through idem's SQL functions.
+"""A small order service whose create is exactly-once through idem's SQL functions
+(PostgreSQL) or procedures (MySQL/MariaDB).
 
 POST /orders with an Idempotency-Key header: idem_claim, the order row and idem_finish
 run in one transaction, so the order and its idempotency record commit (or roll back)
@@ -11,48 +12,24 @@ with the gateway's x-idem-gateway-token. Without a gateway (the self-check's dir
 checks) the tenant is fixed and the principal is the X-User header: a real service takes
 both from its own authentication.
 
-Run: python app.py --url URL --schema SCHEMA --port PORT
+Run: python app.py --url URL --schema SCHEMA --port PORT (the schema: PostgreSQL only; a
+MySQL URL names its database)
 """
 
 import argparse
 import hmac
 import json
 import os
-import queue
 import time
 import uuid
 
-import psycopg
 from flask import Flask, Response, request
-from psycopg import sql
 
+from db import open_db
 from fingerprint import DuplicateMember, fingerprint
 
 TENANT = "python-orders"
 LEASE_MS = 30_000
-
-
-class Pool:
-    """A few reused connections: the service's cost is its statements, not connecting."""
-
-    def __init__(self, url: str, size: int = 8):
-        self.url = url
-        self.idle = queue.LifoQueue()
-        for _ in range(size):
-            self.idle.put(None)
-
-    def take(self):
-        conn = self.idle.get()
-        if conn is None or conn.closed:
-            conn = psycopg.connect(self.url)
-        return conn
-
-    def give(self, conn):
-        # A connection left inside a failed transaction is not reused.
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.close()
-            conn = None
-        self.idle.put(conn)
 
 
 def problem(status: int, detail: str) -> Response:
@@ -62,7 +39,6 @@ def problem(status: int, detail: str) -> Response:
 
 def create_app(url: str, schema: str) -> Flask:
     app = Flask(__name__)
-    s = sql.Identifier(schema)
     # Widens the window in which duplicates overlap (the self-check sets it).
     delay = float(os.environ.get("ORDERS_CREATE_DELAY_S", "0"))
     # The crash drill: a create with this key writes its order row, tells the file
@@ -70,23 +46,8 @@ def create_app(url: str, schema: str) -> Flask:
     hold_key = os.environ.get("ORDERS_HOLD_KEY")
     hold_file = os.environ.get("ORDERS_HOLD_FILE")
     gateway_token = os.environ.get("ORDERS_GATEWAY_TOKEN")
-    pool = Pool(url)
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {}.orders (id bigserial PRIMARY KEY, "
-            "tenant text NOT NULL, idem_key text, sku text NOT NULL, quantity integer NOT NULL)"
-        ).format(s))
-
-    claim = sql.SQL(
-        "SELECT decision, version, status, headers::text, body "
-        "FROM {}.idem_claim(%s, %s, %s, %s, %s, %s)").format(s)
-    finish = sql.SQL(
-        "SELECT version FROM {}.idem_finish(%s, %s, %s, %s, 'succeeded', %s, %s::jsonb, %s, %s)"
-    ).format(s)
-    insert = sql.SQL(
-        "INSERT INTO {}.orders (tenant, idem_key, sku, quantity) VALUES (%s, %s, %s, %s) "
-        "RETURNING id").format(s)
+    db = open_db(url, schema)
+    db.create_table()
 
     def caller():
         """(tenant, principal), or a problem when the caller is not who it says."""
@@ -130,11 +91,10 @@ def create_app(url: str, schema: str) -> Flask:
             return problem(400, "the body must be {\"sku\": text, \"quantity\": positive integer}")
         sku, quantity = order
         owner = "py-" + uuid.uuid4().hex
-        conn = pool.take()
         try:
-            with conn.transaction():  # the claim, the order and the finish commit together
-                decision, version, status, headers, stored = conn.execute(
-                    claim, (tenant, key, fp, principal, owner, LEASE_MS)).fetchone()
+            with db.transaction() as conn:  # the claim, the order and the finish commit together
+                decision, version, status, headers, stored = db.claim(
+                    conn, tenant, key, fp, principal, owner, LEASE_MS)
                 if decision == "replay":
                     resp = Response(bytes(stored or b""), status)
                     for name, value in json.loads(headers or "[]"):
@@ -147,22 +107,21 @@ def create_app(url: str, schema: str) -> Flask:
                     return problem(422, "this Idempotency-Key was used with another request")
                 if delay:
                     time.sleep(delay)
-                (order_id,) = conn.execute(insert, (tenant, key, sku, quantity)).fetchone()
+                order_id = db.insert(conn, tenant, key, sku, quantity)
                 if key == hold_key:
                     open(hold_file, "w").close()
                     time.sleep(600)
                 answer = json.dumps({"id": order_id, "sku": sku, "quantity": quantity}).encode()
                 answer_headers = [["content-type", "application/json"]]
-                conn.execute(finish, (tenant, key, owner, version, 201, json.dumps(answer_headers),
-                                      answer, f"order:{order_id}"))
+                db.finish(conn, tenant, key, owner, version, 201, json.dumps(answer_headers),
+                          answer, f"order:{order_id}")
             return Response(answer, 201, mimetype="application/json")
-        except psycopg.Error as e:
+        except Exception as e:
             # Raised out of the transaction block, so it rolled back.
-            if e.sqlstate == "ID001":
-                return problem(400, e.diag.message_primary)
+            message = db.invalid_argument(e)
+            if message is not None:
+                return problem(400, message)
             raise
-        finally:
-            pool.give(conn)
 
     @app.post("/plain-orders")
     def create_plain_order():
@@ -171,14 +130,10 @@ def create_app(url: str, schema: str) -> Flask:
         if order is None:
             return problem(400, "the body must be {\"sku\": text, \"quantity\": positive integer}")
         sku, quantity = order
-        conn = pool.take()
-        try:
-            with conn.transaction():
-                (order_id,) = conn.execute(insert, (TENANT, None, sku, quantity)).fetchone()
-            answer = json.dumps({"id": order_id, "sku": sku, "quantity": quantity}).encode()
-            return Response(answer, 201, mimetype="application/json")
-        finally:
-            pool.give(conn)
+        with db.transaction() as conn:
+            order_id = db.insert(conn, TENANT, None, sku, quantity)
+        answer = json.dumps({"id": order_id, "sku": sku, "quantity": quantity}).encode()
+        return Response(answer, 201, mimetype="application/json")
 
     @app.get("/health")
     def health():

@@ -74,10 +74,10 @@ def wait_up(url, proc, what):
     raise RuntimeError(f"{what} did not come up at {url}")
 
 
-def start_app(url, schema, env=None):
+def start_app(db, env=None):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "app.py"), "--url", url,
-                             "--schema", schema, "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "app.py"), "--url", db.app_url,
+                             "--schema", db.schema, "--port", str(port)],
                             env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     wait_up(base + "/health", proc, "the app")
@@ -118,7 +118,7 @@ class Postgres:
     name = "PostgreSQL"
 
     def __init__(self, url):
-        self.url = url
+        self.url = self.app_url = url
         self.schema = f"idem_pyorders_{int(time.time())}_{os.getpid()}"
         sep = "&" if "?" in url else "?"
         # The idem commands reach the schema through the connection's search_path.
@@ -143,6 +143,46 @@ class Postgres:
         with psycopg.connect(self.url) as conn:
             (n,) = conn.execute(sql.SQL(q).format(sql.Identifier(self.schema)), args).fetchone()
         return n
+
+
+class Mysql:
+    """A fresh database on the server (MySQL's schemas are databases)."""
+
+    name = "MySQL/MariaDB"
+
+    def __init__(self, url):
+        import pymysql
+        self.pymysql = pymysql
+        u = urllib.parse.urlsplit(url)
+        self.schema = f"idem_pyorders_{int(time.time())}_{os.getpid()}"
+        self.server = dict(host=u.hostname or "127.0.0.1", port=u.port or 3306,
+                           user=urllib.parse.unquote(u.username or "root"),
+                           password=urllib.parse.unquote(u.password or ""), autocommit=True)
+        self.idem_url = self.app_url = urllib.parse.urlunsplit(
+            (u.scheme, u.netloc, "/" + self.schema, u.query, ""))
+
+    def sql(self, statement, args=()):
+        conn = self.pymysql.connect(**self.server)
+        try:
+            with conn.cursor() as c:
+                c.execute(statement, args)
+                return c.fetchone()
+        finally:
+            conn.close()
+
+    def create(self):
+        self.sql(f"CREATE DATABASE `{self.schema}`")
+
+    def drop(self):
+        self.sql(f"DROP DATABASE IF EXISTS `{self.schema}`")
+
+    def orders(self, key, tenant=None):
+        q = f"SELECT count(*) FROM `{self.schema}`.orders WHERE idem_key = %s"
+        args = [key]
+        if tenant:
+            q += " AND tenant = %s"
+            args.append(tenant)
+        return self.sql(q, args)[0]
 
 
 class Idem:
@@ -192,7 +232,7 @@ def crash_between_claim_and_commit(db, idem):
     key = "order-crash-1"
     with tempfile.TemporaryDirectory() as tmp:
         hold = os.path.join(tmp, "holding")
-        proc, base = start_app(db.url, db.schema,
+        proc, base = start_app(db,
                                {"ORDERS_HOLD_KEY": key, "ORDERS_HOLD_FILE": hold})
         try:
             first = {}
@@ -218,7 +258,7 @@ def crash_between_claim_and_commit(db, idem):
     check(code != 0 and "no record" in (out + err).lower(),
           f"idem keys show finds no record of the killed attempt (exit {code}: "
           f"{(out + err).strip()[:80]})")
-    proc, base = start_app(db.url, db.schema)
+    proc, base = start_app(db)
     try:
         status, headers, _ = post(base, key, {"sku": "S-9", "quantity": 1})
     finally:
@@ -239,7 +279,7 @@ def _try(f):
 def behind_the_gateway(db, idem_bin):
     """`idem gateway` in front: its edge rules hold for a service in another language."""
     token = "python-orders-gateway-token-5150"
-    proc, upstream = start_app(db.url, db.schema, {"ORDERS_GATEWAY_TOKEN": token})
+    proc, upstream = start_app(db, {"ORDERS_GATEWAY_TOKEN": token})
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = os.path.join(tmp, "gateway.json")
@@ -373,7 +413,7 @@ def run_database(db, idem_bin, bench):
         idem = Idem(idem_bin, db)
         code, out, err = idem.run("migrate")
         check(code == 0, f"idem migrate applies the store's migrations ({err.strip()[-200:]})")
-        proc, base = start_app(db.url, db.schema, {"ORDERS_CREATE_DELAY_S": "0.2"})
+        proc, base = start_app(db, {"ORDERS_CREATE_DELAY_S": "0.2"})
         try:
             duplicates_and_mismatches(db, base)
         finally:
@@ -382,7 +422,7 @@ def run_database(db, idem_bin, bench):
         behind_the_gateway(db, idem_bin)
         rust_side_reads(db, idem, idem_bin)
         if bench:
-            proc, base = start_app(db.url, db.schema)
+            proc, base = start_app(db)
             try:
                 throughput(base)
             finally:
@@ -396,11 +436,14 @@ def main():
     p.add_argument("--idem", required=True, help="the idem binary")
     p.add_argument("--vectors", required=True)
     p.add_argument("--postgres-url")
+    p.add_argument("--mysql-url")
     p.add_argument("--no-bench", action="store_true")
     a = p.parse_args()
     vectors(a.vectors)
     if a.postgres_url:
         run_database(Postgres(a.postgres_url), a.idem, not a.no_bench)
+    if a.mysql_url:
+        run_database(Mysql(a.mysql_url), a.idem, not a.no_bench)
     if failures:
         print(f"{len(failures)} check(s) failed")
         sys.exit(1)

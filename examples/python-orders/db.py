@@ -1,0 +1,169 @@
+"""The two databases the service runs on, behind one small interface: connecting, the
+orders table, a transaction, and the calls of idem's key-state machine (functions on
+PostgreSQL, procedures on MySQL/MariaDB, with the same arguments and answers)."""
+
+import contextlib
+import queue
+import urllib.parse
+
+
+def open_db(url: str, schema: str):
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme in ("postgres", "postgresql"):
+        return Postgres(url, schema)
+    if scheme in ("mysql", "mariadb"):
+        return Mysql(url)
+    raise ValueError(f"unsupported database URL scheme {scheme!r}")
+
+
+class Pool:
+    """A few reused connections: the service's cost is its statements, not connecting."""
+
+    def __init__(self, connect, idle_ok, size: int = 8):
+        self.connect, self.idle_ok = connect, idle_ok
+        self.idle = queue.LifoQueue()
+        for _ in range(size):
+            self.idle.put(None)
+
+    @contextlib.contextmanager
+    def conn(self):
+        conn = self.idle.get()
+        try:
+            if conn is None:
+                conn = self.connect()
+            yield conn
+        finally:
+            # A connection left inside a transaction (or broken) is not reused.
+            if conn is not None and not self.idle_ok(conn):
+                with contextlib.suppress(Exception):
+                    conn.close()
+                conn = None
+            self.idle.put(conn)
+
+
+class Postgres:
+    def __init__(self, url, schema):
+        import psycopg
+        from psycopg import sql
+        self.psycopg, self.url = psycopg, url
+        s = sql.Identifier(schema)
+        self.ddl = sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.orders (id bigserial PRIMARY KEY, "
+            "tenant text NOT NULL, idem_key text, sku text NOT NULL, quantity integer NOT NULL)"
+        ).format(s)
+        self.claim_sql = sql.SQL(
+            "SELECT decision, version, status, headers::text, body "
+            "FROM {}.idem_claim(%s, %s, %s, %s, %s, %s)").format(s)
+        self.finish_sql = sql.SQL(
+            "SELECT version FROM {}.idem_finish(%s, %s, %s, %s, 'succeeded', %s, %s::jsonb, %s, %s)"
+        ).format(s)
+        self.insert_sql = sql.SQL(
+            "INSERT INTO {}.orders (tenant, idem_key, sku, quantity) VALUES (%s, %s, %s, %s) "
+            "RETURNING id").format(s)
+        self.count_sql = sql.SQL("SELECT count(*) FROM {}.orders WHERE idem_key = %s").format(s)
+        self.pool = Pool(lambda: psycopg.connect(url), lambda c: not c.closed and
+                         c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+
+    def create_table(self):
+        with self.psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(self.ddl)
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """A connection in a transaction: committed on a normal exit, else rolled back."""
+        with self.pool.conn() as conn, conn.transaction():
+            yield conn
+
+    def claim(self, conn, *args):
+        """(decision, version, status, headers as JSON text, body)."""
+        return conn.execute(self.claim_sql, args).fetchone()
+
+    def insert(self, conn, tenant, key, sku, quantity):
+        return conn.execute(self.insert_sql, (tenant, key, sku, quantity)).fetchone()[0]
+
+    def finish(self, conn, *args):
+        conn.execute(self.finish_sql, args)
+
+    def invalid_argument(self, e):
+        """The message of idem's 'invalid argument' (SQLSTATE ID001), else None."""
+        if isinstance(e, self.psycopg.Error) and e.sqlstate == "ID001":
+            return e.diag.message_primary
+        return None
+
+
+class Mysql:
+    # MariaDB reports a SIGNAL as error 1644; PyMySQL drops the SQLSTATE (ID001 …), so
+    # idem's argument errors are told apart by their text ("idem: … must be …").
+    SIGNAL = 1644
+
+    def __init__(self, url):
+        import pymysql
+        self.pymysql = pymysql
+        u = urllib.parse.urlsplit(url)
+        self.connect_args = dict(host=u.hostname or "127.0.0.1", port=u.port or 3306,
+                                 user=urllib.parse.unquote(u.username or "root"),
+                                 password=urllib.parse.unquote(u.password or ""),
+                                 database=u.path.lstrip("/"), autocommit=True,
+                                 # READ COMMITTED: after waiting on a duplicate's
+                                 # record, the claim reads the committed winner.
+                                 init_command="SET SESSION TRANSACTION ISOLATION LEVEL "
+                                              "READ COMMITTED")
+        self.pool = Pool(lambda: pymysql.connect(**self.connect_args),
+                         # SERVER_STATUS_IN_TRANS (1): left inside a transaction.
+                         lambda c: c.open and not c.server_status & 1)
+
+    def create_table(self):
+        conn = self.pymysql.connect(**self.connect_args)
+        try:
+            with conn.cursor() as c:
+                c.execute("CREATE TABLE IF NOT EXISTS orders (id BIGINT AUTO_INCREMENT PRIMARY "
+                          "KEY, tenant VARCHAR(128) NOT NULL, idem_key VARCHAR(255), "
+                          "sku VARCHAR(255) NOT NULL, quantity INT NOT NULL) ENGINE = InnoDB")
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self):
+        with self.pool.conn() as conn:
+            conn.begin()
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            else:
+                conn.commit()
+
+    def call(self, conn, procedure, args):
+        with conn.cursor() as c:
+            c.execute(f"CALL {procedure}({', '.join(['%s'] * len(args))})", args)
+            row = c.fetchone()
+            while c.nextset():  # the CALL's own status comes last
+                pass
+        return row
+
+    def claim(self, conn, tenant, key, fp, principal, owner, lease_ms):
+        # The procedure answers the PostgreSQL function's columns, in its order.
+        with conn.cursor(self.pymysql.cursors.DictCursor) as c:
+            c.execute("CALL idem_claim(%s, %s, %s, %s, %s, %s)",
+                      (tenant, key, fp, principal, owner, lease_ms))
+            row = c.fetchone()
+            while c.nextset():
+                pass
+        return row["decision"], row["version"], row["status"], row["headers"], row["body"]
+
+    def insert(self, conn, tenant, key, sku, quantity):
+        with conn.cursor() as c:
+            c.execute("INSERT INTO orders (tenant, idem_key, sku, quantity) VALUES (%s, %s, %s, %s)",
+                      (tenant, key, sku, quantity))
+            return c.lastrowid
+
+    def finish(self, conn, tenant, key, owner, version, status, headers, body, ref):
+        self.call(conn, "idem_finish", (tenant, key, owner, version, "succeeded", status, headers,
+                                        body, ref))
+
+    def invalid_argument(self, e):
+        if isinstance(e, self.pymysql.err.MySQLError) and e.args and e.args[0] == self.SIGNAL \
+                and "must be" in str(e.args[1]):
+            return e.args[1]
+        return None
