@@ -393,34 +393,67 @@ struct Ledgers {
 
 const ORDERS_BY_STATUS: &str = "SELECT status, COUNT(*) AS n FROM orders \
      WHERE tenant_id = $1 AND client_session = $2 GROUP BY status";
-const PAYMENTS: &str = "SELECT p.kind, COUNT(*) AS n, \
-       CAST(COALESCE(SUM(p.amount_cents), 0) AS BIGINT) AS total \
-     FROM payments p JOIN orders o ON o.order_id = p.order_id \
-     WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY p.kind";
-const PROVIDER_CALLS: &str = "SELECT CAST(COALESCE(SUM(ps.calls), 0) AS BIGINT) AS calls \
-     FROM psp_operations ps JOIN orders o ON o.order_id = ps.order_id \
-     WHERE o.tenant_id = $1 AND o.client_session = $2";
-const HOLDS: &str = "SELECT COUNT(*) AS n, \
-       CAST(COALESCE(SUM(h.quantity), 0) AS BIGINT) AS tickets \
-     FROM inventory_holds h JOIN orders o ON o.order_id = h.order_id \
-     WHERE o.tenant_id = $1 AND o.client_session = $2 AND h.status = 'held'";
-const MESSAGES: &str = "SELECT m.topic, COUNT(*) AS n, \
-       CAST(SUM(CASE WHEN m.published_at IS NULL THEN 1 ELSE 0 END) AS BIGINT) AS waiting \
-     FROM outbox_messages m JOIN orders o ON o.order_id = m.order_id \
-     WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY m.topic";
+/// The summaries that add up amounts, written once with the integer type a sum is cast
+/// to: `BIGINT` on SQLite and PostgreSQL, `SIGNED` on MySQL (which has no `CAST … AS
+/// BIGINT`).
+struct Sums {
+    payments: &'static str,
+    provider_calls: &'static str,
+    holds: &'static str,
+    messages: &'static str,
+}
 
-/// Reads [`Ledgers`] through the facade: the statements are plain SQL both databases
-/// run.
+macro_rules! sums {
+    ($int:literal) => {
+        Sums {
+            payments: concat!(
+                "SELECT p.kind, COUNT(*) AS n, CAST(COALESCE(SUM(p.amount_cents), 0) AS ",
+                $int,
+                ") AS total FROM payments p JOIN orders o ON o.order_id = p.order_id \
+                 WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY p.kind"
+            ),
+            provider_calls: concat!(
+                "SELECT CAST(COALESCE(SUM(ps.calls), 0) AS ",
+                $int,
+                ") AS calls FROM psp_operations ps JOIN orders o ON o.order_id = ps.order_id \
+                 WHERE o.tenant_id = $1 AND o.client_session = $2"
+            ),
+            holds: concat!(
+                "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(h.quantity), 0) AS ",
+                $int,
+                ") AS tickets FROM inventory_holds h JOIN orders o ON o.order_id = h.order_id \
+                 WHERE o.tenant_id = $1 AND o.client_session = $2 AND h.status = 'held'"
+            ),
+            messages: concat!(
+                "SELECT m.topic, COUNT(*) AS n, \
+                 CAST(SUM(CASE WHEN m.published_at IS NULL THEN 1 ELSE 0 END) AS ",
+                $int,
+                ") AS waiting FROM outbox_messages m JOIN orders o ON o.order_id = m.order_id \
+                 WHERE o.tenant_id = $1 AND o.client_session = $2 GROUP BY m.topic"
+            ),
+        }
+    };
+}
+
+const SUMS: Sums = sums!("BIGINT");
+const MYSQL_SUMS: Sums = sums!("SIGNED");
+
+/// Reads [`Ledgers`] through the facade: plain SQL every database runs, but for the cast
+/// of a sum.
 async fn read_ledgers(db: &Database, tenant: &str, session: &str) -> Result<Ledgers, Error> {
     let mut pooled = db.store().acquire().await?;
     let mut conn = pooled.conn();
     let q = |text: &'static str| sql(text).bind(tenant).bind(session);
+    let sums = match conn.backend() {
+        idem_sql::Backend::Mysql => &MYSQL_SUMS,
+        _ => &SUMS,
+    };
     let mut orders_by_status = BTreeMap::new();
     for row in conn.all(q(ORDERS_BY_STATUS)).await? {
         orders_by_status.insert(row.text("status")?, row.int("n")? as usize);
     }
     let (mut payments, mut refunds, mut charged) = (0, 0, 0);
-    for row in conn.all(q(PAYMENTS)).await? {
+    for row in conn.all(q(sums.payments)).await? {
         let n = row.int("n")? as usize;
         match row.text("kind")?.as_str() {
             "charge" => {
@@ -430,11 +463,11 @@ async fn read_ledgers(db: &Database, tenant: &str, session: &str) -> Result<Ledg
             _ => refunds = n,
         }
     }
-    let provider_calls = conn.one(q(PROVIDER_CALLS)).await?.int("calls")?;
-    let holds = conn.one(q(HOLDS)).await?;
+    let provider_calls = conn.one(q(sums.provider_calls)).await?.int("calls")?;
+    let holds = conn.one(q(sums.holds)).await?;
     let mut messages_by_topic = BTreeMap::new();
     let mut unpublished = 0usize;
-    for row in conn.all(q(MESSAGES)).await? {
+    for row in conn.all(q(sums.messages)).await? {
         messages_by_topic.insert(row.text("topic")?, row.int("n")? as usize);
         unpublished += row.int("waiting")? as usize;
     }

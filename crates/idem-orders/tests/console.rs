@@ -1,4 +1,4 @@
-//! The operator console's routes on a real server, on SQLite and PostgreSQL: login and
+//! The operator console's routes on a real server, on SQLite, PostgreSQL and MySQL: login and
 //! sessions, CSRF and cross-site posts, the arrival timeline, and escaping of stored
 //! bodies and keys.
 
@@ -666,7 +666,7 @@ async fn throttle_fetch_metadata_and_rotated_tokens(env: Env) {
     s.shutdown().await;
 }
 
-on_both_stores!(
+on_every_store!(
     overview_lists_processing_past_its_lease,
     throttle_fetch_metadata_and_rotated_tokens,
     archived_keys_show_their_archive_entry,

@@ -18,10 +18,7 @@ use idem_orders::{
 };
 use serde_json::json;
 
-on_every_store!(lookalikes_are_left_alone);
-// The incident driver's ledger summaries (`idem_bench::demo`) are written for SQLite and
-// PostgreSQL.
-on_both_stores!(incident_is_reconciled_once);
+on_every_store!(lookalikes_are_left_alone, incident_is_reconciled_once);
 
 fn orders_of(db: &Database) -> Orders {
     Orders::new(

@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use idem_bench::demo::DemoOptions;
-use idem_core::StoreError;
 
 use crate::cli::{orders_error, print_json, CliResult};
 
@@ -28,18 +27,6 @@ enum DemoCommand {
 /// `explicit_url` is set only when the operator named a store; else a temporary one.
 pub async fn run(explicit_url: Option<String>, args: DemoArgs) -> CliResult {
     let DemoCommand::Incident { json } = args.command;
-    if let Some(url) = &explicit_url {
-        // The driver's ledger summaries are written for SQLite and PostgreSQL: refused
-        // before anything is written rather than failing half-way on a syntax error.
-        if crate::open::backend_of(url)? == crate::open::Backend::Mysql {
-            return Err(StoreError::InvalidInput(
-                "the incident demo runs on SQLite or PostgreSQL; the order service itself \
-                 (idem serve, idem reconcile) runs on MySQL/MariaDB too"
-                    .into(),
-            )
-            .into());
-        }
-    }
     let report = idem_bench::demo::demo_incident(DemoOptions {
         database_url: explicit_url,
         ..DemoOptions::default()

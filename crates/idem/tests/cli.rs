@@ -542,9 +542,15 @@ fn serve_and_reconcile_on_mysql() {
         let out = idem(&url, &["unfreeze", "--scope", "user:U-7318", "--json"]);
         assert!(out.status.success());
         assert_eq!(json(&out)["active"].as_array().unwrap().len(), 0);
-        let out = idem(&url, &["demo", "incident"]);
-        assert_eq!(out.status.code(), Some(2));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("SQLite or PostgreSQL"));
+        let out = idem(&url, &["demo", "incident", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let demo = json(&out);
+        assert_eq!(demo["legacy"]["orders"], 8, "{demo}");
+        assert_eq!(demo["idem"]["orders"], 1, "{demo}");
     }));
     admin(format!("DROP DATABASE IF EXISTS `{database}`"));
     if let Err(p) = outcome {
