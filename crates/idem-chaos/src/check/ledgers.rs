@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-
 use crate::db::{Backend, Cells, Db};
 use crate::ChaosError;
 
@@ -114,7 +113,8 @@ impl Ledgers {
         )
         .await?
         {
-            l.payments.push((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?));
+            l.payments
+                .push((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?));
         }
         let integer = match b {
             Backend::Postgres => "BIGINT",
@@ -126,8 +126,7 @@ impl Ledgers {
              SUM(b.available) FROM inventory_buckets b WHERE b.tenant_id = i.tenant_id \
              AND b.show_id = i.show_id), 0) AS {integer}) FROM inventory i WHERE i.tenant_id = $1"
         );
-        for r in rows(c, &stock, Some(tenant)).await?
-        {
+        for r in rows(c, &stock, Some(tenant)).await? {
             l.stock.push((r.get(0)?, r.get(1)?, r.get(2)?));
         }
         for r in rows(
@@ -182,8 +181,7 @@ impl Ledgers {
             b.key_column(),
             b.now_ms()
         );
-        for r in rows(c, &stale, None).await?
-        {
+        for r in rows(c, &stale, None).await? {
             l.stale_processing.push((r.get(0)?, r.get(1)?, r.get(2)?));
         }
         for r in rows(
@@ -229,7 +227,8 @@ impl Ledgers {
         )
         .await?
         {
-            l.repeated_transitions.push((r.get(0)?, r.get(1)?, r.get(2)?));
+            l.repeated_transitions
+                .push((r.get(0)?, r.get(1)?, r.get(2)?));
         }
         let records = c
             .count("SELECT count(*) FROM idem_records", &[])
