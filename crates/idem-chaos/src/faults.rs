@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use sqlx::Connection;
 
+use crate::db::{kill_sessions, Backend, Db};
 use crate::proxy::Mode;
 use crate::report::FaultEvent;
 use crate::topology::{delete_prefix, Topology, CLAIM_LEASE, LEASE_TTL, SWEEP_LEASE};
@@ -256,10 +256,14 @@ impl Injector<'_> {
                 Ok((node.name.clone(), "SIGKILL, restarted after 1.5 s".into()))
             }
             FaultKind::DbConn => {
-                let n = terminate_backends(&topo.db_url, &topo.db_name).await?;
+                let n = kill_sessions(&topo.db_url, &topo.db_name).await?;
+                let how = match topo.backend {
+                    Backend::Postgres => "pg_terminate_backend",
+                    Backend::MySql => "KILL CONNECTION",
+                };
                 Ok((
-                    "postgres".into(),
-                    format!("pg_terminate_backend on {n} connection(s)"),
+                    topo.backend.name().into(),
+                    format!("{how} on {n} connection(s)"),
                 ))
             }
             FaultKind::Redis => {
@@ -273,13 +277,13 @@ impl Injector<'_> {
                 ))
             }
             FaultKind::Net => {
-                let links = topo.to_service.len() + topo.to_postgres.len();
+                let links = topo.to_service.len() + topo.to_database.len();
                 let l = p.pick % links;
                 let to_service = l < topo.to_service.len();
                 let proxy = if to_service {
                     &topo.to_service[l]
                 } else {
-                    &topo.to_postgres[l - topo.to_service.len()]
+                    &topo.to_database[l - topo.to_service.len()]
                 };
                 // Every form on the link in turn, so one net fault covers them all;
                 // dropping a response needs a request/response protocol: HTTP only.
@@ -317,32 +321,16 @@ impl Injector<'_> {
     }
 }
 
-async fn terminate_backends(db_url: &str, db_name: &str) -> Result<u64, ChaosError> {
-    let mut c = sqlx::PgConnection::connect(db_url)
-        .await
-        .map_err(|e| ChaosError::Setup(format!("PostgreSQL: {e}")))?;
-    let n: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = $1 AND pid <> pg_backend_pid()) t",
-    )
-    .bind(db_name)
-    .fetch_one(&mut c)
-    .await
-    .map_err(|e| ChaosError::Setup(format!("pg_terminate_backend: {e}")))?;
-    let _ = c.close().await;
-    Ok(n as u64)
-}
-
 /// Orders whose automatic chain has not finished: paid but not ticketed yet, or
 /// cancelled with their stock still held. The campaign's database is its own, so
 /// every order counts.
-pub(crate) async fn chain_work(c: &mut sqlx::PgConnection) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
+pub(crate) async fn chain_work(c: &mut Db) -> Result<i64, sqlx::Error> {
+    c.count(
         "SELECT count(*) FROM orders o WHERE o.status = 'paid' OR (o.status = 'cancelled' \
          AND EXISTS (SELECT 1 FROM inventory_holds h WHERE h.order_id = o.order_id \
          AND h.status = 'held'))",
+        &[],
     )
-    .fetch_one(c)
     .await
 }
 
@@ -350,7 +338,7 @@ pub(crate) async fn chain_work(c: &mut sqlx::PgConnection) -> Result<i64, sqlx::
 /// waits up to `within` for there to be some.
 async fn wait_for_chain_work(db_url: &str, within: Duration) -> u64 {
     let deadline = Instant::now() + within;
-    let Ok(mut c) = sqlx::PgConnection::connect(db_url).await else {
+    let Ok(mut c) = Db::connect(db_url).await else {
         return 0;
     };
     let mut n = 0;
@@ -361,25 +349,27 @@ async fn wait_for_chain_work(db_url: &str, within: Duration) -> u64 {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let _ = c.close().await;
+    c.close().await;
     n
 }
 
 /// The service whose sweeper holds the sweeper's lease right now (by the process id in
 /// its owner name), polled for up to `within`; runs are short, so it is caught mid-run.
 async fn live_sweeper_holder(topo: &Topology, within: Duration) -> Option<(usize, String)> {
-    let mut c = sqlx::PgConnection::connect(&topo.db_url).await.ok()?;
+    let mut c = Db::connect(&topo.db_url).await.ok()?;
+    // A lease ends by a mark on PostgreSQL and by deleting its row on MySQL.
+    let live = match topo.backend {
+        Backend::Postgres => "ended_at IS NULL AND",
+        Backend::MySql => "",
+    };
+    let sql = format!(
+        "SELECT owner FROM idem_leases WHERE name = 'idem.sweeper' AND {live} expires_at > {}",
+        topo.backend.now_ms()
+    );
     let deadline = Instant::now() + within;
     let mut found = None;
     while found.is_none() && Instant::now() < deadline {
-        let owner: Option<String> = sqlx::query_scalar(
-            "SELECT owner FROM idem_leases WHERE name = 'idem.sweeper' AND ended_at IS NULL \
-             AND expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-        )
-        .fetch_optional(&mut c)
-        .await
-        .ok()
-        .flatten();
+        let owner = c.text(&sql, &[]).await.ok().flatten();
         found = owner.and_then(|owner| {
             let pid: u32 = owner
                 .strip_prefix("sweeper-pid")?
@@ -394,23 +384,25 @@ async fn live_sweeper_holder(topo: &Topology, within: Duration) -> Option<(usize
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    let _ = c.close().await;
+    c.close().await;
     found
 }
 
 async fn holds_sweeper_lease(db_url: &str, owner: &str) -> bool {
-    let Ok(mut c) = sqlx::PgConnection::connect(db_url).await else {
+    let Ok(mut c) = Db::connect(db_url).await else {
         return false;
     };
-    let held = sqlx::query_scalar::<_, i64>(
-        "SELECT count(*) FROM idem_leases WHERE name = 'idem.sweeper' AND owner = $1 \
-         AND ended_at IS NULL",
-    )
-    .bind(owner)
-    .fetch_one(&mut c)
-    .await
-    .unwrap_or(0);
-    let _ = c.close().await;
+    let sql = match c.backend() {
+        Backend::Postgres => {
+            "SELECT count(*) FROM idem_leases WHERE name = 'idem.sweeper' AND owner = $1 \
+             AND ended_at IS NULL"
+        }
+        Backend::MySql => {
+            "SELECT count(*) FROM idem_leases WHERE name = 'idem.sweeper' AND owner = $1"
+        }
+    };
+    let held = c.count(sql, &[owner]).await.unwrap_or(0);
+    c.close().await;
     held > 0
 }
 

@@ -1,6 +1,7 @@
 //! idem-chaos: exactly-once checked under faults on the real topology.
 //!
-//! A campaign starts `idem serve` processes on one fresh PostgreSQL database and
+//! A campaign starts `idem serve` processes on one fresh database (PostgreSQL or
+//! MySQL/MariaDB, see [`db`]) and
 //! `idem gateway` processes sharing one Redis window, all children of the `idem` binary;
 //! drives a seeded workload of virtual users through the gateways with the requester
 //! client; injects faults on a seeded schedule; lets the system settle; then checks the
@@ -10,6 +11,7 @@
 //! shares no code with what it checks. Nothing here writes business rows.
 
 pub mod check;
+pub mod db;
 pub mod faults;
 pub mod html;
 pub mod proxy;
@@ -22,8 +24,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use sqlx::Connection;
 
 pub use faults::FaultKind;
 pub use report::{Anomaly, Availability, Bucket, FaultEvent, InvariantResult, Report};
@@ -257,7 +257,7 @@ fn report(
     let faulted: u64 = topo
         .to_service
         .iter()
-        .chain(topo.to_postgres.iter())
+        .chain(topo.to_database.iter())
         .chain(std::iter::once(&topo.to_redis))
         .map(|p| p.stats().faulted)
         .sum();
@@ -317,23 +317,24 @@ fn write_log(path: &std::path::Path, log: &[workload::IntentLog]) -> Result<(), 
 /// (what is left then is for the checker to report).
 async fn settle_chain(db_url: &str) {
     let deadline = Instant::now() + SETTLE_CHAIN;
-    let Ok(mut c) = sqlx::PgConnection::connect(db_url).await else {
+    let Ok(mut c) = db::Db::connect(db_url).await else {
         return;
     };
     while Instant::now() < deadline {
-        let rest: Result<i64, _> = sqlx::query_scalar(
-            "SELECT (SELECT count(*) FROM outbox_messages WHERE published_at IS NULL) \
-             + (SELECT count(*) FROM idem_records WHERE state = 'PROCESSING')",
-        )
-        .fetch_one(&mut c)
-        .await;
+        let rest = c
+            .count(
+                "SELECT (SELECT count(*) FROM outbox_messages WHERE published_at IS NULL) \
+                 + (SELECT count(*) FROM idem_records WHERE state = 'PROCESSING')",
+                &[],
+            )
+            .await;
         let chain = faults::chain_work(&mut c).await;
         if matches!((rest, chain), (Ok(0), Ok(0))) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let _ = c.close().await;
+    c.close().await;
 }
 
 fn progress_bar(

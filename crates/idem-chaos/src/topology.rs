@@ -1,5 +1,5 @@
 //! The campaign's processes and links: `idem serve` and `idem gateway` children of the
-//! `idem` binary, a fresh PostgreSQL database, a Redis key prefix, a JetStream stream,
+//! `idem` binary, a fresh database (PostgreSQL or MySQL), a Redis key prefix, a JetStream stream,
 //! and the fault proxies between them.
 //!
 //! Owns starting, signalling and restarting the children and removing everything it
@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use reqwest::Url;
 use serde_json::json;
-use sqlx::Connection;
 use tokio::process::{Child, Command};
 
+use crate::db::Backend;
 use crate::proxy::FaultProxy;
 use crate::ChaosError;
 
@@ -174,6 +174,8 @@ pub struct Topology {
     pub run: String,
     pub dir: PathBuf,
     pub http: reqwest::Client,
+    /// The kind of server the campaign's database lives on.
+    pub backend: Backend,
     /// The checker's and the fault injector's own connection string (direct, no proxy).
     pub db_url: String,
     admin_url: String,
@@ -187,8 +189,8 @@ pub struct Topology {
     /// gateways → service, one per service: every gateway fronts every service, each
     /// through its proxy.
     pub to_service: Vec<FaultProxy>,
-    /// service → PostgreSQL, one per service.
-    pub to_postgres: Vec<FaultProxy>,
+    /// service → database, one per service.
+    pub to_database: Vec<FaultProxy>,
     /// gateways → Redis (shared).
     pub to_redis: FaultProxy,
     pub api_key: String,
@@ -216,9 +218,9 @@ fn free_port() -> Result<u16, ChaosError> {
         .port())
 }
 
-fn socket_of(url: &Url) -> Result<SocketAddr, ChaosError> {
+fn socket_of(url: &Url, default_port: u16) -> Result<SocketAddr, ChaosError> {
     let host = url.host_str().unwrap_or("127.0.0.1");
-    let port = url.port_or_known_default().unwrap_or(5432);
+    let port = url.port_or_known_default().unwrap_or(default_port);
     (host, port)
         .to_socket_addrs()
         .map_err(|e| ChaosError::Setup(format!("resolve {host}:{port}: {e}")))?
@@ -257,27 +259,16 @@ impl Topology {
             .map_err(|e| ChaosError::Setup(format!("{}: {e}", dir.display())))?;
 
         let admin = parse_url(&servers.database_url, "database")?;
-        if !matches!(admin.scheme(), "postgres" | "postgresql") {
-            return Err(ChaosError::Setup(
-                "--database-url must be a PostgreSQL URL (the campaign creates a database of its own on that server)".into(),
-            ));
-        }
+        let backend = Backend::of(&admin)?;
         let redis = parse_url(&servers.redis_url, "Redis")?;
-        let redis_addr = socket_of(&redis)?;
+        let redis_addr = socket_of(&redis, 6379)?;
         let to_redis = FaultProxy::start("gateways→redis", redis_addr)
             .await
             .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
         let db_name = format!("idem_chaos_{run}");
         let mut db = admin.clone();
         db.set_path(&format!("/{db_name}"));
-        let mut admin_conn = sqlx::PgConnection::connect(admin.as_str())
-            .await
-            .map_err(|e| ChaosError::Setup(format!("PostgreSQL: {e}")))?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
-            .execute(&mut admin_conn)
-            .await
-            .map_err(|e| ChaosError::Setup(format!("create database {db_name}: {e}")))?;
-        let _ = admin_conn.close().await;
+        backend.create_database(admin.as_str(), &db_name).await?;
 
         let topo = Topology {
             bin,
@@ -287,6 +278,7 @@ impl Topology {
                 .timeout(Duration::from_secs(5))
                 .build()
                 .map_err(|e| ChaosError::Setup(e.to_string()))?,
+            backend,
             db_url: db.to_string(),
             admin_url: admin.to_string(),
             db_name,
@@ -297,7 +289,7 @@ impl Topology {
             services: Vec::new(),
             gateways: Vec::new(),
             to_service: Vec::new(),
-            to_postgres: Vec::new(),
+            to_database: Vec::new(),
             to_redis,
             api_key: format!("chaos-{}", uuid::Uuid::new_v4().simple()),
             admin_token: format!("admin-{}", uuid::Uuid::new_v4().simple()),
@@ -314,13 +306,17 @@ impl Topology {
         legacy_route: bool,
     ) -> Result<(), ChaosError> {
         let redis = &parse_url(&self.redis_url, "Redis")?;
-        let pg_addr = socket_of(&parse_url(&self.db_url, "database")?)?;
+        let db_addr = socket_of(
+            &parse_url(&self.db_url, "database")?,
+            self.backend.default_port(),
+        )?;
         for i in 0..services {
-            let pg_proxy = FaultProxy::start(&format!("serve-{i}→postgres"), pg_addr)
+            let link = format!("serve-{i}→{}", self.backend.name());
+            let db_proxy = FaultProxy::start(&link, db_addr)
                 .await
                 .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
             let mut url = parse_url(&self.db_url, "database")?;
-            via(&mut url, pg_proxy.addr())?;
+            via(&mut url, db_proxy.addr())?;
             let port = free_port()?;
             let listen = SocketAddr::from(([127, 0, 0, 1], port));
             // Server URLs may carry credentials: they go by environment, not argv.
@@ -383,7 +379,7 @@ impl Topology {
                 .await
                 .map_err(|e| ChaosError::Setup(format!("proxy: {e}")))?;
             self.services.push(node);
-            self.to_postgres.push(pg_proxy);
+            self.to_database.push(db_proxy);
             self.to_service.push(to_service);
         }
         let mut redis_via_proxy = redis.clone();
@@ -509,7 +505,7 @@ impl Topology {
         for p in self
             .to_service
             .iter()
-            .chain(self.to_postgres.iter())
+            .chain(self.to_database.iter())
             .chain(std::iter::once(&self.to_redis))
         {
             p.set(crate::proxy::Mode::Pass);
@@ -532,14 +528,9 @@ impl Topology {
             node.signal(libc::SIGCONT);
             node.kill().await;
         }
-        let drop_db = async {
-            let mut c = sqlx::PgConnection::connect(&self.admin_url).await?;
-            let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db_name);
-            sqlx::query(sqlx::AssertSqlSafe(drop))
-                .execute(&mut c)
-                .await?;
-            c.close().await
-        };
+        let drop_db = self
+            .backend
+            .drop_database(&self.admin_url, &self.db_url, &self.db_name);
         let dropped = async {
             if keep_database {
                 return Ok(());

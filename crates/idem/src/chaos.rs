@@ -66,7 +66,7 @@ fn err(e: ChaosError) -> StoreError {
 pub async fn run(database_url: Option<String>, args: ChaosArgs) -> CliResult {
     let database_url = database_url.ok_or_else(|| {
         StoreError::InvalidInput(
-            "idem chaos needs --database-url postgres://… (it creates a database of its own there)"
+            "idem chaos needs --database-url postgres://… or mysql://… (it creates a database of its own there)"
                 .into(),
         )
     })?;
