@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::db::{sql, Conn, Database, DatabaseOptions, Row};
 use crate::error::Error;
 use crate::ledgers::{new_id, now_ms, wake_deliveries};
-use crate::views::rfc3339;
+use crate::text::{check_text, rfc3339};
 
 /// Who or what a freeze covers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -206,10 +206,10 @@ impl FreezeRequest {
     pub(crate) fn check_text(&self) -> Result<(), crate::OrderError> {
         let some = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
         if let Some(reason) = some(&self.reason) {
-            crate::service::check_text("reason", &reason, MAX_REASON)?;
+            check_text("reason", &reason, MAX_REASON)?;
         }
         if let Some(actor) = some(&self.actor) {
-            crate::service::check_text("actor", &actor, MAX_ACTOR)?;
+            check_text("actor", &actor, MAX_ACTOR)?;
         }
         Ok(())
     }

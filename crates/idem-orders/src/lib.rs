@@ -49,6 +49,7 @@ pub mod provider;
 pub mod reconcile;
 pub mod server;
 pub mod service;
+mod text;
 pub mod views;
 
 pub use chain::{Chain, ChainHandle, ChainOptions, NatsOptions, TransportConfig};

@@ -31,7 +31,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::freeze::{Freeze, FreezeWhat};
-use crate::service::consumers;
+use crate::service::consumer_names as consumers;
 
 /// The values of `consumer`; a consumer the database names otherwise counts as `other`.
 const CONSUMERS: [&str; 3] = [

@@ -4,19 +4,12 @@
 //! no database and decides nothing. The create response is built from the rows just
 //! written and stored with the idempotency record, so every replay is byte-identical.
 
-use chrono::{DateTime, SecondsFormat};
 use serde::{Deserialize, Serialize};
 
 use crate::freeze::Freeze;
 use crate::ledgers::{Hold, Message, Order, Payment, Ticket, Transition};
 use crate::machine::OrderStatus;
-
-/// Epoch milliseconds as RFC 3339 UTC with milliseconds.
-pub fn rfc3339(ms: i64) -> String {
-    DateTime::from_timestamp_millis(ms)
-        .map(|d| d.to_rfc3339_opts(SecondsFormat::Millis, true))
-        .unwrap_or_default()
-}
+pub use crate::text::rfc3339;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HoldView {

@@ -80,11 +80,11 @@ impl FreezeBody {
 #[utoipa::path(
     get,
     path = "/v1/admin/freezes",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Active freezes and their history (admin token)",
     responses(
         (status = 200, description = "Active freezes and their history", body = Object),
-        crate::openapi::AdminRefusals
+        crate::api::doc::AdminRefusals
     ),
     security(("admin" = []))
 )]
@@ -106,15 +106,15 @@ pub(super) async fn list_freezes(
 #[utoipa::path(
     post,
     path = "/v1/admin/freezes",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Freeze payment-confirm, ticketing and/or inventory-release for user:U, show:S or all (admin token)",
     request_body = FreezeBody,
     responses(
         (status = 201, description = "Frozen", body = Object),
         (status = 200, description = "Already frozen", body = Object),
-        (status = 422, description = "Invalid scope, what, tenant, reason or actor", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::BodyRefusals,
-        crate::openapi::AdminRefusals
+        (status = 422, description = "Invalid scope, what, tenant, reason or actor", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::BodyRefusals,
+        crate::api::doc::AdminRefusals
     ),
     security(("admin" = []))
 )]
@@ -138,14 +138,14 @@ pub(super) async fn post_freeze(
 #[utoipa::path(
     post,
     path = "/v1/admin/unfreeze",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "End freezes; the queued work resumes (admin token)",
     request_body = FreezeBody,
     responses(
         (status = 200, description = "Unfrozen", body = Object),
-        (status = 422, description = "Invalid scope, what, tenant, reason or actor", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::BodyRefusals,
-        crate::openapi::AdminRefusals
+        (status = 422, description = "Invalid scope, what, tenant, reason or actor", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::BodyRefusals,
+        crate::api::doc::AdminRefusals
     ),
     security(("admin" = []))
 )]
@@ -179,15 +179,15 @@ pub(crate) struct ShowBody {
 #[utoipa::path(
     put,
     path = "/v1/admin/shows/{tenant}/{show_id}",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Create a show for a tenant if missing (admin token)",
     params(("tenant" = String, Path), ("show_id" = String, Path)), request_body = ShowBody,
     responses(
         (status = 201, description = "Created", body = Object),
         (status = 200, description = "Existed", body = Object),
-        (status = 422, description = "Invalid show or tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::BodyRefusals,
-        crate::openapi::AdminRefusals
+        (status = 422, description = "Invalid show or tenant", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::BodyRefusals,
+        crate::api::doc::AdminRefusals
     ),
     security(("admin" = []))
 )]

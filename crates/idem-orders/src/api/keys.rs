@@ -23,14 +23,14 @@ use crate::error::Error;
 #[utoipa::path(
     get,
     path = "/v1/idempotency-keys/{key}",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "The key's state and result reference for this tenant (the gateway's state query)",
     params(("key" = String, Path, description = "The idempotency key")),
     responses(
         (status = 200, description = "The record's state", body = Object),
-        (status = 400, description = "Invalid idempotency key", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No record for this key (state ABSENT)", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::TenantRefusals
+        (status = 400, description = "Invalid idempotency key", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No record for this key (state ABSENT)", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::TenantRefusals
     ),
     security(("bearer" = []))
 )]

@@ -23,12 +23,12 @@ use crate::metrics::OrdersMetrics;
 #[utoipa::path(
     get,
     path = "/metrics",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Prometheus metrics (the admin token; or without credentials on --metrics-listen)",
     responses(
         (status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
-        (status = 401, description = "No or a wrong admin token", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::openapi::Problem, content_type = "application/problem+json")
+        (status = 401, description = "No or a wrong admin token", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The admin API is disabled (no admin token configured)", body = crate::api::doc::Problem, content_type = "application/problem+json")
     ),
     security(("admin" = []))
 )]

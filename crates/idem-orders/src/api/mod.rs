@@ -26,7 +26,8 @@
 //! - `router`: the routes and the middleware around them; `middleware`: request ids
 //!   and reading bodies in time.
 //! - `state`: `AppState`; `auth`: the tenant (`Caller`) and the admin token; `extract`: JSON bodies, path and query errors; `error`: problem+json.
-//! - `answer`: a success and its commit with the key's record.
+//! - `answer`: a success and its commit with the key's record; `doc`: the tag, problem
+//!   body and refusal sets the handlers' OpenAPI attributes share.
 //! - Handlers: `orders` (tenant orders), `keys` (the gateway's key state query),
 //!   `admin` (freezes, shows), `public` (health, readiness, the OpenAPI document),
 //!   `metrics` (scrapes and the state gauges).
@@ -41,6 +42,7 @@
 pub(crate) mod admin;
 mod answer;
 mod auth;
+pub(crate) mod doc;
 mod error;
 mod extract;
 pub(crate) mod keys;

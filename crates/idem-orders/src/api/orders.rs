@@ -35,15 +35,15 @@ fn rejected(state: &AppState, e: OrderError) -> ApiError {
 #[utoipa::path(
     post,
     path = "/v1/orders",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Create an order (order, hold and order.created in one transaction with the key's record)",
     request_body = crate::service::NewOrder,
     responses(
         (status = 201, description = "Created; a replay carries the same body and Idempotent-Replayed: true", body = crate::views::OrderView),
-        (status = 409, description = "Sold out", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Unknown show, quantity out of range or invalid fields", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::BodyRefusals,
-        crate::openapi::TenantRefusals
+        (status = 409, description = "Sold out", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown show, quantity out of range or invalid fields", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::BodyRefusals,
+        crate::api::doc::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -70,15 +70,15 @@ pub(super) async fn create_order(
 #[utoipa::path(
     post,
     path = "/v1/legacy/orders",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "The pre-idem behaviour (demo only): no key, a new order per arrival",
     request_body = crate::service::NewOrder,
     responses(
         (status = 201, description = "Created", body = crate::views::OrderView),
-        (status = 409, description = "Sold out", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Unknown show, quantity out of range or invalid fields", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::BodyRefusals,
-        crate::openapi::TenantRefusals
+        (status = 409, description = "Sold out", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown show, quantity out of range or invalid fields", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::BodyRefusals,
+        crate::api::doc::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -214,16 +214,16 @@ async fn create_final(
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/pay",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Pay (charge under pay:{order_id}, then confirm); concurrent pays make one charge",
     params(("order_id" = String, Path, description = "The order")),
     responses(
         (status = 200, description = "Paid (now or before)", body = crate::views::OrderView),
         (status = 202, description = "Queued: payment-confirm is frozen for this order; it runs on unfreeze", body = crate::views::OrderView),
-        (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The order cannot be paid from its status", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::TenantRefusals
+        (status = 400, description = "Invalid order id", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order for this tenant", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The order cannot be paid from its status", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -257,15 +257,15 @@ pub(super) async fn pay_order(
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/cancel",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Cancel (refunding under refund:{order_id} when paid); the hold is released by the chain",
     params(("order_id" = String, Path, description = "The order")),
     responses(
         (status = 200, description = "Cancelled (now or before)", body = crate::views::OrderView),
-        (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A ticketed order cannot be cancelled", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::TenantRefusals
+        (status = 400, description = "Invalid order id", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order for this tenant", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A ticketed order cannot be cancelled", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -295,14 +295,14 @@ pub(super) async fn cancel_order(
 #[utoipa::path(
     get,
     path = "/v1/orders/{order_id}",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "An order with its payments, hold, ticket, messages, active freezes and history",
     params(("order_id" = String, Path, description = "The order")),
     responses(
         (status = 200, description = "The order", body = crate::views::OrderView),
-        (status = 400, description = "Invalid order id", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order for this tenant", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::TenantRefusals
+        (status = 400, description = "Invalid order id", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order for this tenant", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::TenantRefusals
     ),
     security(("bearer" = []))
 )]
@@ -319,13 +319,13 @@ pub(super) async fn get_order(
 #[utoipa::path(
     get,
     path = "/v1/orders",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "List the tenant's orders, oldest first",
     params(crate::ledgers::OrderFilter),
     responses(
         (status = 200, description = "Orders, oldest first", body = crate::views::OrderList),
-        (status = 400, description = "Invalid query parameters", body = crate::openapi::Problem, content_type = "application/problem+json"),
-        crate::openapi::TenantRefusals
+        (status = 400, description = "Invalid query parameters", body = crate::api::doc::Problem, content_type = "application/problem+json"),
+        crate::api::doc::TenantRefusals
     ),
     security(("bearer" = []))
 )]

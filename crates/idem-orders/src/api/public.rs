@@ -13,7 +13,7 @@ use super::state::AppState;
 #[utoipa::path(
     get,
     path = "/healthz",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Liveness and database reachability",
     responses(
         (status = 200, description = "ok", body = Object),
@@ -47,7 +47,7 @@ pub(super) async fn healthz(State(state): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/livez",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Liveness: the process serves HTTP",
     responses(
         (status = 200, description = "alive", body = Object)
@@ -63,7 +63,7 @@ pub(super) async fn livez() -> Response {
 #[utoipa::path(
     get,
     path = "/readyz",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "Readiness: database reachable, schemas current, not shutting down",
     responses(
         (status = 200, description = "ready", body = Object),
@@ -118,7 +118,7 @@ fn readiness(
 #[utoipa::path(
     get,
     path = "/openapi.json",
-    tag = crate::openapi::TAG,
+    tag = crate::api::doc::TAG,
     summary = "This document",
     responses(
         (status = 200, description = "OpenAPI 3.1", body = Object)

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use idem_lease::LeaseMetrics;
 
-use crate::db::{sql, Database};
+use crate::db::Database;
 use crate::error::{Error, OrderError};
 use crate::freeze::{self, FreezeWhat};
 use crate::ledgers::{self, new_id, now_ms, topics, Message};
@@ -15,47 +15,12 @@ use crate::metrics::OrdersMetrics;
 use crate::service::{consumer_key, consumers, Handled, Orders, OrdersOptions};
 use crate::views::rfc3339;
 
-use super::scan::{self, duplicate_key, stop_key, Facts};
+use super::gather::{self, Survey};
+use super::scan::{duplicate_key, stop_key, Facts};
 use super::{
     check, plan, Action, ActionKind, ActionState, Cluster, FreezeGap, ReconcileOptions,
     ReconcileReport, Scope, Totals, RECONCILER,
 };
-
-/// What one survey of the ledgers found and planned.
-pub(crate) struct Survey {
-    pub orders: u64,
-    pub intents: u64,
-    pub facts: Vec<Vec<Facts>>,
-    pub clusters: Vec<Cluster>,
-    pub actions: Vec<Action>,
-}
-
-pub(crate) async fn survey(db: &Database, o: &ReconcileOptions) -> Result<Survey, Error> {
-    let scanned = scan::scan(db, o).await?;
-    let mut facts = Vec::with_capacity(scanned.clusters.len());
-    let mut clusters = Vec::with_capacity(scanned.clusters.len());
-    let mut actions = Vec::new();
-    if !scanned.clusters.is_empty() {
-        let mut conn = db.acquire().await?;
-        for (i, members) in scanned.clusters.into_iter().enumerate() {
-            let mut f = Vec::with_capacity(members.len());
-            for order in members {
-                f.push(scan::facts(&mut conn.conn(), order).await?);
-            }
-            let (cluster, planned) = plan::plan(i, &f);
-            facts.push(f);
-            clusters.push(cluster);
-            actions.extend(planned);
-        }
-    }
-    Ok(Survey {
-        orders: scanned.orders,
-        intents: scanned.intents,
-        facts,
-        clusters,
-        actions,
-    })
-}
 
 /// The freeze command for a scope, as an operator types it.
 fn freeze_command(database: &str, tenant: &str, user: &str) -> String {
@@ -385,7 +350,7 @@ pub(crate) async fn run(
     let started = Instant::now();
     let started_at = rfc3339(now_ms());
     let run_id = new_id("rec");
-    let mut survey = survey(db, o).await?;
+    let mut survey = gather::survey(db, o).await?;
     let orders_before = survey.orders;
     let gaps = freeze_gaps(db, &survey.clusters, &database).await?;
     let mut refused = None;
@@ -405,7 +370,7 @@ pub(crate) async fn run(
     {
         let (changed, failed) = execute(db, o, &run_id, &survey).await?;
         applied = changed.len();
-        survey = self::survey(db, o).await?;
+        survey = gather::survey(db, o).await?;
         for a in &mut survey.actions {
             let id = action_id(a);
             if let Some(why) = failed.get(&id) {
@@ -449,19 +414,4 @@ pub(crate) async fn run(
         checks,
         passed,
     })
-}
-
-/// Orders in scope now, for the deletion check.
-pub(crate) async fn orders_now(db: &Database, o: &ReconcileOptions) -> Result<u64, Error> {
-    scan::count(db, o).await
-}
-
-/// Rows of `table` whose order is gone (`table` is one of the ledger tables).
-pub(crate) async fn orphans(
-    db: &Database,
-    tenant: Option<&str>,
-    query: &'static str,
-) -> Result<i64, Error> {
-    let mut conn = db.acquire().await?;
-    conn.conn().one(sql(query).bind(tenant)).await?.int("n")
 }

@@ -5,8 +5,8 @@ use crate::db::{sql, Database};
 use crate::error::Error;
 use crate::machine::OrderStatus;
 
-use super::apply::{orders_now, orphans, Survey};
-use super::scan::STOPPABLE;
+use super::gather::Survey;
+use super::scan::{self, STOPPABLE};
 use super::{Check, ReconcileOptions};
 
 /// Refunds in scope with no charge of the same order and amount.
@@ -146,4 +146,15 @@ pub(crate) async fn run(
         deleted,
     ));
     Ok(checks)
+}
+
+/// Orders in scope now, for the deletion check.
+async fn orders_now(db: &Database, o: &ReconcileOptions) -> Result<u64, Error> {
+    scan::count(db, o).await
+}
+
+/// Rows of `table` whose order is gone (`table` is one of the ledger tables).
+async fn orphans(db: &Database, tenant: Option<&str>, query: &'static str) -> Result<i64, Error> {
+    let mut conn = db.acquire().await?;
+    conn.conn().one(sql(query).bind(tenant)).await?.int("n")
 }

@@ -39,6 +39,7 @@
 
 mod apply;
 mod check;
+mod gather;
 mod plan;
 mod render;
 mod scan;
@@ -344,7 +345,7 @@ pub struct Survey {
 /// what [`reconcile`] would report, without its freeze guard and ledger checks).
 /// `options.apply` and `options.force` are ignored.
 pub async fn survey(db: &Database, options: &ReconcileOptions) -> Result<Survey, Error> {
-    let s = apply::survey(db, options).await?;
+    let s = gather::survey(db, options).await?;
     Ok(Survey {
         orders: s.orders,
         intents: s.intents,

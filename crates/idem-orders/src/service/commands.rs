@@ -17,6 +17,7 @@ use crate::error::{Error, OrderError};
 use crate::freeze::{self, Freeze, FreezeWhat};
 use crate::ledgers::{self, now_ms, topics, Actor, MoveError, Order};
 use crate::machine::{IllegalTransition, OrderEvent, OrderStatus};
+use crate::text::check_text;
 use crate::views::OrderView;
 
 /// The body of `POST /v1/orders`.
@@ -580,16 +581,4 @@ async fn advance(
 /// Names (user, show, session) are 1 to 128 characters without control characters.
 fn check_name(field: &'static str, value: &str) -> Result<(), OrderError> {
     check_text(field, value, 128)
-}
-
-/// Text a caller chooses that reaches the log, the database and the console: 1 to `max`
-/// bytes without control characters (a newline in a log line would start a forged one).
-pub(crate) fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), OrderError> {
-    if value.is_empty() || value.len() > max || value.chars().any(char::is_control) {
-        return Err(OrderError::InvalidField {
-            field,
-            reason: format!("must be 1 to {max} characters without control characters"),
-        });
-    }
-    Ok(())
 }

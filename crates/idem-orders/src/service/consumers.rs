@@ -19,12 +19,7 @@ use crate::freeze::{self, Freeze, FreezeWhat};
 use crate::ledgers::{self, now_ms, topics, Actor, Message, MoveError};
 use crate::machine::{OrderEvent, OrderStatus};
 
-/// Confirms payments that were queued while `payment-confirm` was frozen.
-pub const PAYMENT_CONFIRMER: &str = "payment-confirmer";
-/// Issues exactly one ticket per paid order.
-pub const TICKET_ISSUER: &str = "ticket-issuer";
-/// Releases a cancelled order's hold back to stock, under lease and fence.
-pub const INVENTORY_RELEASER: &str = "inventory-releaser";
+pub use super::consumer_names::{INVENTORY_RELEASER, PAYMENT_CONFIRMER, TICKET_ISSUER};
 
 /// Which consumer reads which topic.
 pub const SUBSCRIPTIONS: [(&str, &str); 3] = [

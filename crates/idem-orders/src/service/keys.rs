@@ -4,7 +4,7 @@
 //! Owns their spelling only. It must not mint fresh keys and must not touch the
 //! database.
 
-use super::consumers;
+use super::consumer_names as consumers;
 
 /// The business key a retry or consumer reuses for charging an order.
 pub fn pay_key(order_id: &str) -> String {

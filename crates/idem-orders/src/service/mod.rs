@@ -32,6 +32,7 @@ use crate::metrics::OrdersMetrics;
 use crate::provider::PaymentSimulator;
 
 mod commands;
+pub(crate) mod consumer_names;
 pub mod consumers;
 mod faults;
 mod keys;
@@ -39,7 +40,7 @@ mod leases;
 mod queries;
 
 pub use commands::NewOrder;
-pub(crate) use commands::{check_text, Created, PayAnswer, Unit};
+pub(crate) use commands::{Created, PayAnswer, Unit};
 pub use consumers::Handled;
 pub(crate) use faults::FaultState;
 pub use faults::{FaultHook, Faults, SlowCreate};
