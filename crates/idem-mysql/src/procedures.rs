@@ -23,10 +23,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::store::lease_millis;
 use idem_core::{
-    Claim, ClaimKind, ClaimRequest, ClaimToken, Finish, IdempotencyStore, Millis, Record,
-    RecordState, Scope, StoreError,
+    Claim, ClaimRequest, ClaimToken, Finish, IdempotencyStore, Millis, Record, RecordState, Scope,
+    StoreError,
 };
-use idem_store_kit::row::{fingerprint, owner, principal, state, stored_result};
+use idem_store_kit::row::{fingerprint, principal, ClaimAnswerRow};
 use sqlx::mysql::MySqlRow;
 use sqlx::MySqlConnection;
 
@@ -100,66 +100,26 @@ fn map_err(what: &str, err: sqlx::Error, token: Option<&ClaimToken>) -> StoreErr
     }
 }
 
-fn corrupt(what: &str, detail: impl std::fmt::Display) -> StoreError {
-    idem_store_kit::row::corrupt(what, detail)
-}
-
 /// Reads an `idem_claim` answer for `req`.
 fn claim_answer(r: &MySqlRow, req: &ClaimRequest) -> Result<Claim, StoreError> {
-    let decision: String = row::get(r, "decision")?;
-    let lease: Option<i64> = row::get(r, "lease_expires_at")?;
-    let now: i64 = row::get(r, "now_ms")?;
-    let prior_owner = owner(row::get(r, "owner")?)?;
-    match decision.as_str() {
-        "proceed" => {
-            let kind = match row::get::<Option<String>>(r, "kind")?.as_deref() {
-                Some("fresh") => ClaimKind::Fresh,
-                Some("retry_after_failure") => ClaimKind::RetryAfterFailure,
-                Some("expired_lease") => ClaimKind::ExpiredLease {
-                    previous_owner: prior_owner,
-                },
-                other => return Err(corrupt("claim kind", format!("{other:?}"))),
-            };
-            let lease = lease.ok_or_else(|| corrupt("lease_expires_at", "proceed has none"))?;
-            Ok(Claim::Proceed(ClaimToken::of(
-                req,
-                row::get(r, "version")?,
-                lease,
-                row::get(r, "attempt")?,
-                kind,
-            )))
-        }
-        "in_progress" => Ok(Claim::InProgress {
-            owner: prior_owner,
-            lease_expires_at: lease.unwrap_or(now),
-            now,
-        }),
-        "mismatch" => Ok(Claim::Mismatch {
-            state: state(&row::get::<String>(r, "state")?)?,
-        }),
-        "replay" => Ok(Claim::Replay(Record {
-            tenant: req.scope.tenant.clone(),
-            key: req.scope.key.clone(),
-            // A replay matched both, so the record holds the request's.
-            principal: req.principal.clone(),
-            fingerprint: req.fingerprint,
-            state: state(&row::get::<String>(r, "state")?)?,
-            version: row::get(r, "version")?,
-            owner: prior_owner,
-            lease_expires_at: lease,
-            result: stored_result(
-                row::get::<Option<i32>>(r, "status")?.map(i64::from),
-                row::get::<Option<String>>(r, "headers")?.as_deref(),
-                row::get(r, "body")?,
-                row::get(r, "result_ref")?,
-            )?,
-            attempts: row::get(r, "attempt")?,
-            created_at: row::get(r, "created_at")?,
-            updated_at: row::get(r, "updated_at")?,
-            completed_at: row::get(r, "completed_at")?,
-        })),
-        other => Err(corrupt("claim decision", other)),
+    ClaimAnswerRow {
+        decision: row::get(r, "decision")?,
+        kind: row::get(r, "kind")?,
+        version: row::get(r, "version")?,
+        attempt: row::get(r, "attempt")?,
+        lease_expires_at: row::get(r, "lease_expires_at")?,
+        now_ms: row::get(r, "now_ms")?,
+        state: row::get(r, "state")?,
+        owner: row::get(r, "owner")?,
+        status: row::get::<Option<i32>>(r, "status")?.map(i64::from),
+        headers: row::get(r, "headers")?,
+        body: row::get(r, "body")?,
+        result_ref: row::get(r, "result_ref")?,
+        created_at: row::get(r, "created_at")?,
+        updated_at: row::get(r, "updated_at")?,
+        completed_at: row::get(r, "completed_at")?,
     }
+    .decode(req)
 }
 
 impl ProcedureStore {

@@ -17,10 +17,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::store::lease_millis;
 use idem_core::{
-    Claim, ClaimKind, ClaimRequest, ClaimToken, Finish, IdempotencyStore, Millis, Record,
-    RecordState, Scope, StoreError,
+    Claim, ClaimRequest, ClaimToken, Finish, IdempotencyStore, Millis, Record, RecordState, Scope,
+    StoreError,
 };
-use idem_store_kit::row::{owner, state, stored_result};
+use idem_store_kit::row::ClaimAnswerRow;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, Row, SqlSafeStr, SqlStr};
 
@@ -124,66 +124,26 @@ where
     row.try_get(col).map_err(|e| error::map_err("decode", e))
 }
 
-fn corrupt(what: &str, detail: impl std::fmt::Display) -> StoreError {
-    idem_store_kit::row::corrupt(what, detail)
-}
-
 /// Reads an `idem_claim` answer for `req`.
 fn claim_answer(row: &PgRow, req: &ClaimRequest) -> Result<Claim, StoreError> {
-    let decision: String = get(row, "decision")?;
-    let lease: Option<i64> = get(row, "lease_expires_at")?;
-    let now: i64 = get(row, "now_ms")?;
-    let prior_owner = owner(get(row, "owner")?)?;
-    match decision.as_str() {
-        "proceed" => {
-            let kind = match get::<Option<String>>(row, "kind")?.as_deref() {
-                Some("fresh") => ClaimKind::Fresh,
-                Some("retry_after_failure") => ClaimKind::RetryAfterFailure,
-                Some("expired_lease") => ClaimKind::ExpiredLease {
-                    previous_owner: prior_owner,
-                },
-                other => return Err(corrupt("claim kind", format!("{other:?}"))),
-            };
-            let lease = lease.ok_or_else(|| corrupt("lease_expires_at", "proceed has none"))?;
-            Ok(Claim::Proceed(ClaimToken::of(
-                req,
-                get(row, "version")?,
-                lease,
-                get(row, "attempt")?,
-                kind,
-            )))
-        }
-        "in_progress" => Ok(Claim::InProgress {
-            owner: prior_owner,
-            lease_expires_at: lease.unwrap_or(now),
-            now,
-        }),
-        "mismatch" => Ok(Claim::Mismatch {
-            state: state(&get::<String>(row, "state")?)?,
-        }),
-        "replay" => Ok(Claim::Replay(Record {
-            tenant: req.scope.tenant.clone(),
-            key: req.scope.key.clone(),
-            // A replay matched both, so the record holds the request's.
-            principal: req.principal.clone(),
-            fingerprint: req.fingerprint,
-            state: state(&get::<String>(row, "state")?)?,
-            version: get(row, "version")?,
-            owner: prior_owner,
-            lease_expires_at: lease,
-            result: stored_result(
-                get::<Option<i32>>(row, "status")?.map(i64::from),
-                get::<Option<String>>(row, "headers")?.as_deref(),
-                get(row, "body")?,
-                get(row, "result_ref")?,
-            )?,
-            attempts: get(row, "attempt")?,
-            created_at: get(row, "created_at")?,
-            updated_at: get(row, "updated_at")?,
-            completed_at: get(row, "completed_at")?,
-        })),
-        other => Err(corrupt("claim decision", other)),
+    ClaimAnswerRow {
+        decision: get(row, "decision")?,
+        kind: get(row, "kind")?,
+        version: get(row, "version")?,
+        attempt: get(row, "attempt")?,
+        lease_expires_at: get(row, "lease_expires_at")?,
+        now_ms: get(row, "now_ms")?,
+        state: get(row, "state")?,
+        owner: get(row, "owner")?,
+        status: get::<Option<i32>>(row, "status")?.map(i64::from),
+        headers: get(row, "headers")?,
+        body: get(row, "body")?,
+        result_ref: get(row, "result_ref")?,
+        created_at: get(row, "created_at")?,
+        updated_at: get(row, "updated_at")?,
+        completed_at: get(row, "completed_at")?,
     }
+    .decode(req)
 }
 
 impl FunctionStore {

@@ -23,6 +23,7 @@ use idem_core::lease::{
 };
 use idem_core::StoreError;
 use idem_core::{ArchivedRecord, DueRecord, Tier};
+use idem_core::{Claim, ClaimKind, ClaimRequest, ClaimToken};
 use idem_core::{Millis, Record, RecordState, StoredResult};
 
 /// A stored value that does not decode.
@@ -199,6 +200,89 @@ impl ArchiveRow {
             completed_at: self.completed_at,
             archived_at: self.archived_at,
         })
+    }
+}
+
+/// The columns of an `idem_claim` answer: the key-state machine in SQL (PostgreSQL's
+/// functions, MySQL's procedures) answers the same row on both, decoded here once. The
+/// columns a decision does not use may be NULL.
+#[derive(Debug, Clone, Default)]
+pub struct ClaimAnswerRow {
+    pub decision: String,
+    pub kind: Option<String>,
+    pub version: Option<i64>,
+    pub attempt: Option<i32>,
+    pub lease_expires_at: Option<Millis>,
+    pub now_ms: Millis,
+    pub state: Option<String>,
+    pub owner: Option<String>,
+    pub status: Option<i64>,
+    pub headers: Option<String>,
+    pub body: Option<Vec<u8>>,
+    pub result_ref: Option<String>,
+    pub created_at: Option<Millis>,
+    pub updated_at: Option<Millis>,
+    pub completed_at: Option<Millis>,
+}
+
+impl ClaimAnswerRow {
+    /// The claim this answer gives `req`.
+    pub fn decode(self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        fn needed<T>(value: Option<T>, column: &str) -> Result<T, StoreError> {
+            value.ok_or_else(|| corrupt(column, "NULL in this answer"))
+        }
+        let prior_owner = owner(self.owner)?;
+        let lease = self.lease_expires_at;
+        match self.decision.as_str() {
+            "proceed" => {
+                let kind = match self.kind.as_deref() {
+                    Some("fresh") => ClaimKind::Fresh,
+                    Some("retry_after_failure") => ClaimKind::RetryAfterFailure,
+                    Some("expired_lease") => ClaimKind::ExpiredLease {
+                        previous_owner: prior_owner,
+                    },
+                    other => return Err(corrupt("claim kind", format!("{other:?}"))),
+                };
+                let lease = lease.ok_or_else(|| corrupt("lease_expires_at", "proceed has none"))?;
+                Ok(Claim::Proceed(ClaimToken::of(
+                    req,
+                    needed(self.version, "version")?,
+                    lease,
+                    needed(self.attempt, "attempt")?,
+                    kind,
+                )))
+            }
+            "in_progress" => Ok(Claim::InProgress {
+                owner: prior_owner,
+                lease_expires_at: lease.unwrap_or(self.now_ms),
+                now: self.now_ms,
+            }),
+            "mismatch" => Ok(Claim::Mismatch {
+                state: state(&needed(self.state, "state")?)?,
+            }),
+            "replay" => Ok(Claim::Replay(Record {
+                tenant: req.scope.tenant.clone(),
+                key: req.scope.key.clone(),
+                // A replay matched both, so the record holds the request's.
+                principal: req.principal.clone(),
+                fingerprint: req.fingerprint,
+                state: state(&needed(self.state, "state")?)?,
+                version: needed(self.version, "version")?,
+                owner: prior_owner,
+                lease_expires_at: lease,
+                result: stored_result(
+                    self.status,
+                    self.headers.as_deref(),
+                    self.body,
+                    self.result_ref,
+                )?,
+                attempts: needed(self.attempt, "attempt")?,
+                created_at: needed(self.created_at, "created_at")?,
+                updated_at: needed(self.updated_at, "updated_at")?,
+                completed_at: self.completed_at,
+            })),
+            other => Err(corrupt("claim decision", other)),
+        }
     }
 }
 
