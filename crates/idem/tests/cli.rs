@@ -2,6 +2,9 @@
 
 use std::process::{Command, Output};
 
+mod common;
+use common::{service_url, tcp_up};
+
 fn idem(url: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idem"))
         .arg("--database-url")
@@ -92,26 +95,6 @@ fn bad_input_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported database URL"));
     let out = idem(&url, &["drill", "--duplicates", "0"]);
     assert_eq!(out.status.code(), Some(2));
-}
-
-fn service_url(var: &str, default: &str, probe: fn(&str) -> bool, name: &str) -> Option<String> {
-    let url = std::env::var(var).unwrap_or_else(|_| default.to_string());
-    if probe(&url) {
-        Some(url)
-    } else {
-        idem_conformance::skip_or_fail(name, &format!("{url} unreachable"));
-        None
-    }
-}
-
-fn tcp_up(url: &str) -> bool {
-    let hostport = url
-        .split("://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .map(|hp| hp.rsplit('@').next().unwrap_or(hp).to_string())
-        .unwrap_or_default();
-    std::net::TcpStream::connect(hostport).is_ok()
 }
 
 #[test]

@@ -9,26 +9,29 @@
 
 use std::process::Command;
 
+mod common;
+use common::{service_url, tcp_up};
+
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
 
 #[test]
 fn python_orders_self_check() {
-    let url = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_URL.into());
     if let Err(e) = Command::new("python3").arg("--version").output() {
         idem_conformance::skip_or_fail("python3", &e);
         return;
     }
-    let mysql = std::env::var("IDEM_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.into());
-    for (server, addr) in [
-        ("PostgreSQL", server_addr(&url, 5432)),
-        ("MySQL/MariaDB", server_addr(&mysql, 3306)),
-    ] {
-        if let Err(e) = std::net::TcpStream::connect(addr) {
-            idem_conformance::skip_or_fail(server, &e);
-            return;
-        }
-    }
+    let Some(url) = service_url("IDEM_TEST_POSTGRES_URL", DEFAULT_URL, tcp_up, "PostgreSQL") else {
+        return;
+    };
+    let Some(mysql) = service_url(
+        "IDEM_TEST_MYSQL_URL",
+        DEFAULT_MYSQL_URL,
+        tcp_up,
+        "MySQL/MariaDB",
+    ) else {
+        return;
+    };
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/python-orders/self-check"
@@ -53,20 +56,4 @@ fn python_orders_self_check() {
         "self-check failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
-}
-
-/// `host:port` of a database URL (`port` when it names none).
-fn server_addr(url: &str, port: u16) -> String {
-    let rest = url.split("://").nth(1).unwrap_or("");
-    let host = rest
-        .rsplit('@')
-        .next()
-        .unwrap_or("")
-        .split(['/', '?'])
-        .next();
-    match host {
-        Some(h) if h.contains(':') => h.to_string(),
-        Some(h) if !h.is_empty() => format!("{h}:{port}"),
-        _ => format!("127.0.0.1:{port}"),
-    }
 }

@@ -1,5 +1,5 @@
 //! What the process tests share: free ports, the `idem` binary as a child process killed
-//! when dropped, readiness polling.
+//! when dropped, readiness polling, the servers a test needs.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::net::TcpListener;
@@ -123,4 +123,32 @@ pub async fn wait_ready(url: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("{url} not ready within 30 s");
+}
+
+/// The URL of a server the test needs (`var`, else `default`) when `probe` reaches it;
+/// otherwise skipped visibly, or failed under `IDEM_REQUIRE_SERVICES=1`.
+pub fn service_url(
+    var: &str,
+    default: &str,
+    probe: fn(&str) -> bool,
+    name: &str,
+) -> Option<String> {
+    let url = std::env::var(var).unwrap_or_else(|_| default.to_string());
+    if probe(&url) {
+        Some(url)
+    } else {
+        idem_conformance::skip_or_fail(name, &format!("{url} unreachable"));
+        None
+    }
+}
+
+/// Whether the `host:port` of `url` accepts a TCP connection.
+pub fn tcp_up(url: &str) -> bool {
+    let hostport = url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .map(|hp| hp.rsplit('@').next().unwrap_or(hp).to_string())
+        .unwrap_or_default();
+    std::net::TcpStream::connect(hostport).is_ok()
 }
