@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_claim;
+
+DELIMITER //
 CREATE PROCEDURE idem_claim(
     IN p_tenant TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     IN p_key TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
@@ -164,4 +168,5 @@ BEGIN
            o_state AS state, o_owner AS owner, o_status AS status, o_headers AS headers,
            o_body AS body, o_ref AS result_ref, o_created AS created_at,
            o_updated AS updated_at, o_completed AS completed_at;
-END
+END //
+DELIMITER ;

@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_finish;
+
+DELIMITER //
 CREATE PROCEDURE idem_finish(
     IN p_tenant TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     IN p_key TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
@@ -128,4 +132,5 @@ BEGIN
     SELECT o_version AS version, o_attempt AS attempt, o_principal AS principal,
            o_fingerprint AS fingerprint, o_created AS created_at, o_updated AS updated_at,
            o_completed AS completed_at;
-END
+END //
+DELIMITER ;
