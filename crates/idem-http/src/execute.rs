@@ -65,23 +65,50 @@ enum CapturedBody<B> {
     },
 }
 
-/// The inner service and the request it runs for: the layer's [`Execution`].
-pub(crate) struct Handler<S, ReqB> {
-    pub shared: Arc<Shared>,
-    pub inner: S,
-    pub parts: Parts,
-    pub body: Bytes,
-    pub request_body: PhantomData<fn() -> ReqB>,
+/// The services the layer wraps, their bounds written once.
+pub(crate) trait Inner<ReqB, B>:
+    Service<Request<ReqB>, Response = Response<B>, Future: Send + 'static, Error: Into<BoxError>>
+    + Send
+    + 'static
+{
 }
 
-impl<S, ReqB, B> Execution for Handler<S, ReqB>
+impl<S, ReqB, B> Inner<ReqB, B> for S
 where
     S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    ReqB: From<Bytes> + Send + 'static,
+{
+}
+
+/// The response bodies of the services the layer wraps.
+pub(crate) trait ResponseBody:
+    http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+impl<B> ResponseBody for B
+where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
+{
+}
+
+/// The inner service and the request it runs for: the layer's [`Execution`].
+pub(crate) struct Handler<S, ReqB, B> {
+    pub shared: Arc<Shared>,
+    pub inner: S,
+    pub parts: Parts,
+    pub body: Bytes,
+    /// The request and response body types.
+    pub bodies: PhantomData<fn() -> (ReqB, B)>,
+}
+
+impl<S, ReqB, B> Execution for Handler<S, ReqB, B>
+where
+    S: Inner<ReqB, B>,
+    ReqB: From<Bytes> + Send + 'static,
+    B: ResponseBody,
 {
     type Output = Handled;
 
@@ -164,12 +191,9 @@ pub(crate) async fn in_transaction<S, ReqB, B>(
     rules: ResolvedRules,
 ) -> Response<Body>
 where
-    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S: Inner<ReqB, B>,
     ReqB: From<Bytes> + Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: ResponseBody,
 {
     let claim = TransactionalClaim::deferred(req.clone(), shared.capture.clone());
     parts.extensions.insert(claim.clone());
@@ -234,8 +258,7 @@ fn settle<B>(
     ended: Ended<B>,
 ) -> (Response<Body>, idem_core::Finish, ExecutionOutcome)
 where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: ResponseBody,
 {
     let capture = &shared.capture;
     match ended {

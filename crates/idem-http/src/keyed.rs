@@ -16,15 +16,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, Uri};
-use idem_core::{ClaimRequest, IdempotencyKey, Scope};
+use idem_core::{ClaimRequest, Scope};
 use tower::Service;
 
 use crate::answer::{refuse, respond, store_failed};
-use crate::auth::Identity;
 use crate::body::{boxed, read_limited, Body, BoxError};
 use crate::config::{ClaimMode, ResolvedRules, StoreUnavailableMode};
 use crate::decision::Decision;
-use crate::execute::Handler;
+use crate::execute::{Handler, Inner, ResponseBody};
 use crate::pipeline::request::{self, Refusal};
 use crate::problem::{inner_failed, Problem, ProblemKind, ProblemResponse};
 use crate::shared::Shared;
@@ -48,16 +47,13 @@ pub(crate) async fn serve<S, ReqB, ResB>(
     rules: ResolvedRules,
 ) -> Response<Body>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S: Inner<ReqB, ResB>,
     ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
-    ResB: http_body::Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: ResponseBody,
 {
     let uri = target(&request).clone();
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
 
     // Who is calling decides the tenant; nothing the client sets freely does.
     let identity = match shared.auth.authenticate(&parts).await {
@@ -73,98 +69,79 @@ where
         Ok(key) => key,
         Err(refusal) => return refuse(&shared, refusal),
     };
-    match shared.arrivals.clone() {
-        None => keyed(shared, inner, parts, body, uri, identity, key, rules).await,
-        Some(sink) => {
-            let scope = Scope::new(identity.tenant.clone(), key.clone());
-            let principal = identity.principal.clone();
-            let answer = keyed(shared, inner, parts, body, uri, identity, key, rules);
-            crate::arrivals::observe(&sink, scope, principal, answer).await
+    // From here the arrival is observed (when the application takes arrivals).
+    let arrival = shared.arrivals.clone().map(|sink| {
+        let scope = Scope::new(identity.tenant.clone(), key.clone());
+        (sink, scope, identity.principal.clone())
+    });
+    let answer = async move {
+        let body = match read_body(&parts, body, shared.config.max_request_body).await {
+            Ok(body) => body,
+            Err(refusal) => return refuse(&shared, refusal),
+        };
+        let fingerprint = match request::fingerprint(
+            &shared.config.fingerprint,
+            &parts.method,
+            &uri,
+            &parts.headers,
+            &identity.principal,
+            &body,
+        ) {
+            Ok(fingerprint) => fingerprint,
+            Err(refusal) => return refuse(&shared, refusal),
+        };
+        let span = tracing::Span::current();
+        span.record("tenant", identity.tenant.as_str());
+        span.record("key", key.as_str());
+        let claim_request = ClaimRequest {
+            scope: Scope::new(identity.tenant.clone(), key),
+            principal: identity.principal.clone(),
+            fingerprint,
+            owner: shared.owners.next(),
+            lease: shared.config.lease,
+        };
+        parts.extensions.insert(identity);
+        // With an archive the key must be claimed before it is looked up there (a
+        // record swept to the archive in between would look fresh to the handler's
+        // claim): such a layer claims ahead on every route.
+        if rules.claim == ClaimMode::InTransaction && shared.archive.is_none() {
+            return crate::execute::in_transaction(
+                shared.clone(),
+                inner,
+                parts,
+                body,
+                claim_request,
+                rules,
+            )
+            .await;
         }
-    }
-}
-
-/// The rest of [`serve`] once the caller and the key are known.
-#[allow(clippy::too_many_arguments)]
-async fn keyed<S, ReqB, ResB>(
-    shared: Arc<Shared>,
-    inner: S,
-    mut parts: Parts,
-    body: ReqB,
-    uri: Uri,
-    identity: Identity,
-    key: IdempotencyKey,
-    rules: ResolvedRules,
-) -> Response<Body>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    ReqB: http_body::Body<Data = Bytes> + From<Bytes> + Send + 'static,
-    ReqB::Error: Into<BoxError>,
-    ResB: http_body::Body<Data = Bytes> + Send + 'static,
-    ResB::Error: Into<BoxError>,
-{
-    let body = match read_body(&parts, body, shared.config.max_request_body).await {
-        Ok(body) => body,
-        Err(refusal) => return refuse(&shared, refusal),
-    };
-    let fingerprint = match request::fingerprint(
-        &shared.config.fingerprint,
-        &parts.method,
-        &uri,
-        &parts.headers,
-        &identity.principal,
-        &body,
-    ) {
-        Ok(fingerprint) => fingerprint,
-        Err(refusal) => return refuse(&shared, refusal),
-    };
-    let span = tracing::Span::current();
-    span.record("tenant", identity.tenant.as_str());
-    span.record("key", key.as_str());
-    let claim_request = ClaimRequest {
-        scope: Scope::new(identity.tenant.clone(), key),
-        principal: identity.principal.clone(),
-        fingerprint,
-        owner: shared.owners.next(),
-        lease: shared.config.lease,
-    };
-    parts.extensions.insert(identity);
-    // With an archive the key must be claimed before it is looked up there (a record
-    // swept to the archive in between would look fresh to the handler's claim): such a
-    // layer claims ahead on every route.
-    if rules.claim == ClaimMode::InTransaction && shared.archive.is_none() {
-        return crate::execute::in_transaction(
-            shared.clone(),
+        let handler = Handler {
+            shared: shared.clone(),
             inner,
             parts,
             body,
-            claim_request,
-            rules,
-        )
-        .await;
-    }
-    let handler = Handler {
-        shared: shared.clone(),
-        inner,
-        parts,
-        body,
-        request_body: PhantomData::<fn() -> ReqB>,
-    };
-    let scope = &claim_request.scope;
-    match shared.pipeline(&rules).run(&claim_request, handler).await {
-        Ok(answered) => respond(&shared, answered.answer).await,
-        Err((e, handler))
-            if e.is_unavailable()
-                && rules.on_store_unavailable == StoreUnavailableMode::FailOpen =>
-        {
-            tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing open");
-            shared.metrics.decision(Decision::Bypassed);
-            let request = Request::from_parts(handler.parts, ReqB::from(handler.body));
-            pass_through(handler.inner, request).await
+            bodies: PhantomData,
+        };
+        let scope = &claim_request.scope;
+        match shared.pipeline(&rules).run(&claim_request, handler).await {
+            Ok(answered) => respond(&shared, answered.answer).await,
+            Err((e, handler))
+                if e.is_unavailable()
+                    && rules.on_store_unavailable == StoreUnavailableMode::FailOpen =>
+            {
+                tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing open");
+                shared.metrics.decision(Decision::Bypassed);
+                let request = Request::from_parts(handler.parts, ReqB::from(handler.body));
+                pass_through(handler.inner, request).await
+            }
+            Err((e, _)) => store_failed(&shared, &e, scope),
         }
-        Err((e, _)) => store_failed(&shared, &e, scope),
+    };
+    match arrival {
+        None => answer.await,
+        Some((sink, scope, principal)) => {
+            crate::arrivals::observe(&sink, scope, principal, answer).await
+        }
     }
 }
 

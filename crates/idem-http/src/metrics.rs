@@ -1,7 +1,7 @@
 //! Counters for what the layer decided, in Prometheus form.
 //!
-//! Owns the metric names and labels, and what each decision counts as for an
-//! [`ArrivalSink`](idem_core::ArrivalSink); the application owns the [`Registry`] and the
+//! Owns the metric names and labels (the decisions are [`crate::decision`]'s, which also
+//! says what each is as an arrival's); the application owns the [`Registry`] and the
 //! `/metrics` route. Register once per process (or per registry): tests that start the
 //! app several times share one [`IdempotencyMetrics`] handle instead of registering again.
 //!

@@ -3,7 +3,7 @@
 //! claim's lease ([`under_lease`]).
 //!
 //! Owns the heartbeat and the cut-off. It must not decide how a record ends: the run's
-//! caller settles it ([`crate::pipeline::finish`]).
+//! caller settles it ([`crate::pipeline::finish()`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -147,29 +147,29 @@ mod tests {
     use super::*;
     use idem_core::{IdempotencyKey, TenantId};
 
-    fn scope(k: &str) -> Scope {
-        Scope::new(TenantId::new("t").unwrap(), IdempotencyKey::new(k).unwrap())
-    }
-
     #[tokio::test]
     async fn flights_share_one_outcome_and_refuse_another_request() {
         let flights: Arc<Flights<u32>> = Arc::default();
+        let key = Scope::new(
+            TenantId::new("t").unwrap(),
+            IdempotencyKey::new("k").unwrap(),
+        );
         let fp = Fingerprint::from_bytes([1; 32]);
-        let Joined::Lead(lead, mine) = flights.join(&scope("k"), fp) else {
+        let Joined::Lead(lead, mine) = flights.join(&key, fp) else {
             panic!("first arrival leads")
         };
-        let Joined::Follow(follower) = flights.join(&scope("k"), fp) else {
+        let Joined::Follow(follower) = flights.join(&key, fp) else {
             panic!("second arrival follows")
         };
         assert!(matches!(
-            flights.join(&scope("k"), Fingerprint::from_bytes([2; 32])),
+            flights.join(&key, Fingerprint::from_bytes([2; 32])),
             Joined::Mismatch
         ));
         lead.complete(7);
         assert_eq!(follower.outcome().await.as_deref(), Some(&7));
         assert_eq!(mine.outcome().await.as_deref(), Some(&7));
         assert!(flights.is_empty());
-        let Joined::Lead(lead, follower) = flights.join(&scope("k"), fp) else {
+        let Joined::Lead(lead, follower) = flights.join(&key, fp) else {
             panic!("a finished flight is gone")
         };
         drop(lead);
