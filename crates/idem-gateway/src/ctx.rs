@@ -7,13 +7,12 @@
 //! for keyed routes, [`crate::keyed`]'s.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Response};
-use idem_core::OwnerId;
-use idem_http::pipeline::Executions;
+use idem_http::pipeline::{Executions, FinishPolicy, OwnerIds, Pipeline, TooLarge};
+use idem_http::InProgressMode;
 
 use crate::auth::ApiKeys;
 use crate::body::Body;
@@ -85,7 +84,8 @@ pub(crate) struct Ctx {
     pub body_budget: BodyBudget,
     pub metrics: Arc<GatewayMetrics>,
     pub instance: String,
-    owner_seq: AtomicU64,
+    /// Owner ids of this instance's claims: `<instance>:<n>`.
+    pub owners: OwnerIds,
     pub tenant_header: HeaderName,
     pub principal_header: HeaderName,
     pub token: Option<HeaderValue>,
@@ -109,12 +109,12 @@ impl Ctx {
             .instance_id
             .clone()
             .unwrap_or_else(|| format!("gw-{}", uuid::Uuid::new_v4().simple()));
-        // Owners are `<instance>:<n>`: the instance id must leave room for the counter.
-        if OwnerId::new(format!("{instance}:18446744073709551615")).is_err() {
-            return Err(GatewayError::Config(format!(
+        // The instance id must leave room for the counter.
+        let owners = OwnerIds::new(format!("{instance}:")).map_err(|_| {
+            GatewayError::Config(format!(
                 "instance_id {instance:?} must be visible ASCII, at most 100 characters"
-            )));
-        }
+            ))
+        })?;
         let metrics = Arc::new(GatewayMetrics::new());
         let window = Window::from_config(&config, &instance, metrics.clone())?;
         let upstream_tls = config
@@ -179,15 +179,29 @@ impl Ctx {
             body_budget: BodyBudget::new(config.max_buffered_body_bytes, metrics.clone()),
             metrics,
             instance,
-            owner_seq: AtomicU64::new(0),
+            owners,
             config,
         })
     }
 
-    /// A fresh owner id for one claim.
-    pub fn next_owner(&self) -> OwnerId {
-        let n = self.owner_seq.fetch_add(1, Ordering::Relaxed);
-        OwnerId::new(format!("{}:{n}", self.instance)).expect("checked at startup")
+    /// The pipeline a keyed request runs in the window: duplicates wait for the first
+    /// execution (here or on another instance); a finish is tried once (a shared window
+    /// that fails is degraded mode, and the caller should not wait on it), and a result
+    /// too large to keep is forgotten (later duplicates go to the upstream with the key).
+    pub fn pipeline(&self) -> Pipeline<'_> {
+        Pipeline {
+            store: &self.window,
+            wakeups: self.window.wakeups(),
+            executions: &self.executions,
+            lease: self.config.lease(),
+            in_progress: InProgressMode::Wait {
+                max_wait: self.config.max_wait(),
+            },
+            finish: FinishPolicy {
+                attempts: 1,
+                too_large: TooLarge::Forget,
+            },
+        }
     }
 
     /// A problem response, counted; its internal cause goes to the log with the

@@ -5,45 +5,57 @@
 //! Owns those two tallies and what a flight ends with. It must not run a flight: that
 //! is [`crate::keyed`]'s.
 
-use std::sync::Arc;
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use idem_core::TenantId;
 use idem_http::pipeline;
 
 use crate::problem::Problem;
 use crate::upstream::Captured;
+
+/// Shards of the per-partition tally: arrivals of different callers rarely meet on one
+/// lock.
+const SHARDS: usize = 16;
+
+type Counts = HashMap<TenantId, usize>;
 
 /// Keys each partition has executing on this instance, bounded per partition so one
 /// caller cannot hold every execution slot.
 #[derive(Debug)]
 pub(crate) struct InProgress {
     per_partition: usize,
-    counts: std::sync::Mutex<std::collections::HashMap<idem_core::TenantId, usize>>,
+    shards: Box<[Mutex<Counts>]>,
+    hasher: RandomState,
 }
 
 /// One execution's slot; frees it when dropped.
 pub(crate) struct Slot {
     owner: Arc<InProgress>,
-    tenant: idem_core::TenantId,
+    shard: usize,
+    tenant: TenantId,
 }
 
 impl InProgress {
     pub fn new(per_partition: usize) -> Self {
         Self {
             per_partition,
-            counts: Default::default(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
         }
     }
 
-    fn counts(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<idem_core::TenantId, usize>> {
+    fn counts(&self, shard: usize) -> MutexGuard<'_, Counts> {
         // Every update is a single insert or remove: a poisoned map is still consistent.
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+        self.shards[shard].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A slot for `tenant`, unless it has every slot of its partition in use.
-    pub fn enter(self: &Arc<Self>, tenant: &idem_core::TenantId) -> Option<Slot> {
-        let mut counts = self.counts();
+    pub fn enter(self: &Arc<Self>, tenant: &TenantId) -> Option<Slot> {
+        let shard = (self.hasher.hash_one(tenant) as usize) % self.shards.len();
+        let mut counts = self.counts(shard);
         let n = counts.entry(tenant.clone()).or_default();
         if *n >= self.per_partition {
             return None;
@@ -51,6 +63,7 @@ impl InProgress {
         *n += 1;
         Some(Slot {
             owner: self.clone(),
+            shard,
             tenant: tenant.clone(),
         })
     }
@@ -58,7 +71,7 @@ impl InProgress {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut counts = self.owner.counts();
+        let mut counts = self.owner.counts(self.shard);
         if let Some(n) = counts.get_mut(&self.tenant) {
             *n -= 1;
             if *n == 0 {

@@ -117,6 +117,7 @@ pub mod config;
 mod ctx;
 pub mod error;
 mod flights;
+mod forward;
 pub mod forwarded;
 pub mod hop;
 mod keyed;

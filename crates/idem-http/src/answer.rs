@@ -1,37 +1,39 @@
-//! The answers the layer gives without running the handler: to a claim that did not
-//! proceed (a replay — stored, or rebuilt past retention — a mismatch, in progress), to
-//! a fresh claim of an archived key (410), and to a store that failed (fail closed).
+//! How the layer renders the pipeline's answers: a run's response (with
+//! `Idempotency-Expires`, counting the execution), a replay — stored, or rebuilt past
+//! retention — a refusal, a store that failed (fail closed), and the archive's answer
+//! to a fresh claim of an expired key (410).
 //!
-//! Owns those answers and what each counts as. It must not claim or run anything:
-//! [`crate::claim`] and [`crate::execute`] decide when an answer is due.
+//! Owns those responses and what each counts as. It must not claim or run anything:
+//! [`crate::keyed`] and [`crate::execute`] decide when an answer is due.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use idem_core::retention::{dropped_response, ArchiveLookup, ArchivedRecord};
-use idem_core::{ClaimToken, Finish, Record, RecordState, Scope, StoredResult};
+use idem_core::{ClaimToken, Finish, Record, RecordState, Scope, StoreError, StoredResult};
 
 use crate::body::{full, Body};
-use crate::config::{InProgressMode, ResolvedRules};
-use crate::headers::{IDEMPOTENT_RECONSTRUCTED, IDEMPOTENT_REPLAYED};
-use crate::metrics::Decision;
-use crate::pipeline::Turn;
+use crate::decision::Decision;
+use crate::headers::{IDEMPOTENCY_EXPIRES, IDEMPOTENT_RECONSTRUCTED, IDEMPOTENT_REPLAYED};
+use crate::metrics::ExecutionOutcome;
+use crate::pipeline::{self, Answer, Ending, Executed, FinishedBy, NotFinished, Refusal, Settled};
 use crate::problem::{Problem, ProblemKind, ProblemResponse, PROBLEM_JSON};
 use crate::shared::Shared;
 
-/// The answer to a claim that did not proceed: a replay, a mismatch or in progress.
-pub(crate) async fn answer(
-    shared: &Shared,
-    turn: Turn,
-    waited: bool,
-    rules: &ResolvedRules,
-) -> Response<Body> {
-    let metrics = &shared.metrics;
-    match turn {
-        Turn::Replay(record) => {
-            metrics.decision(Decision::Replayed);
+/// What a run under a claim answers: the response and, when the handler ran, how it
+/// counts (`None` for the archive's answers, which ran nothing).
+pub(crate) struct Handled {
+    pub response: Response<Body>,
+    pub outcome: Option<ExecutionOutcome>,
+}
+
+/// The response for the pipeline's answer.
+pub(crate) async fn respond(shared: &Shared, answer: Answer<Handled>) -> Response<Body> {
+    match answer {
+        Answer::Fresh(executed) => fresh(shared, executed),
+        Answer::Replay(record) => {
+            shared.metrics.decision(Decision::Replayed);
             if is_dropped(&record) {
                 return replay_dropped(shared, &record).await;
             }
@@ -46,71 +48,90 @@ pub(crate) async fn answer(
                 .response()
             })
         }
-        Turn::Mismatch => {
-            metrics.decision(Decision::Mismatch);
-            Problem::new(
-                ProblemKind::KeyReused,
-                "this Idempotency-Key was first used with a different request (body, \
-                 path, query, method, principal or fingerprinted headers); use a new \
-                 key for a new intent",
-            )
-            .response()
-        }
-        Turn::InProgress { .. } => {
-            metrics.decision(Decision::InProgress);
-            let retry_after = match rules.in_progress {
-                InProgressMode::Reject { retry_after } if !waited => retry_after,
-                _ => Duration::from_secs(1),
+        Answer::Refused(decision, problem) => refuse(shared, (decision, problem)),
+    }
+}
+
+/// A refusal, counted.
+pub(crate) fn refuse(shared: &Shared, (decision, problem): Refusal) -> Response<Body> {
+    shared.metrics.decision(decision);
+    problem.response()
+}
+
+/// The run's response once its record ended, the execution counted: as the run said
+/// when the pipeline wrote the record, by the record's state when the handler did.
+fn fresh(shared: &Shared, executed: Executed<Handled>) -> Response<Body> {
+    let Handled { response, outcome } = executed.output;
+    let Some(outcome) = outcome else {
+        return response;
+    };
+    match executed.finished {
+        Ok(Some((record, by))) => {
+            let outcome = match by {
+                FinishedBy::Pipeline => outcome,
+                FinishedBy::Handler => ExecutionOutcome::of(record.state),
             };
-            in_progress(retry_after)
+            shared.metrics.execution(outcome, by);
+            with_expiry(shared, response, &record)
         }
-        Turn::Proceed(token) => {
-            // Callers act on a claim that proceeded themselves.
-            tracing::error!(scope = %token.scope, "a claim that proceeded reached the answer path");
-            metrics.decision(Decision::StoreError);
-            Problem::new(
-                ProblemKind::StoreError,
-                "the request was not executed; retry with the same key",
-            )
-            .response()
+        Ok(None) => response,
+        Err(NotFinished::Lost) => {
+            tracing::warn!("claim lost before it was finished");
+            shared.metrics.finish_error();
+            response
+        }
+        Err(NotFinished::Failed(e)) => {
+            tracing::error!(error = %e, "could not finish the claim");
+            shared.metrics.finish_error();
+            response
         }
     }
+}
+
+/// Adds `Idempotency-Expires` for a record that reached a final state.
+pub(crate) fn with_expiry(
+    shared: &Shared,
+    mut response: Response<Body>,
+    record: &Record,
+) -> Response<Body> {
+    if let Some(completed_at) = record.completed_at.filter(|_| record.state.is_terminal()) {
+        response.headers_mut().insert(
+            IDEMPOTENCY_EXPIRES,
+            shared.capture.expires_header(completed_at),
+        );
+    }
+    response
 }
 
 /// The answer when the store failed: fail closed.
-pub(crate) fn store_failed(
-    shared: &Shared,
-    e: &idem_core::StoreError,
-    scope: &Scope,
-) -> Response<Body> {
-    let metrics = &shared.metrics;
+pub(crate) fn store_failed(shared: &Shared, e: &StoreError, scope: &Scope) -> Response<Body> {
     if e.is_unavailable() {
         tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing closed");
-        metrics.decision(Decision::Unavailable);
-        return Problem::new(
-            ProblemKind::StoreUnavailable,
-            "the request was not executed; retry with the same key",
-        )
-        .retry_after(shared.config.store_unavailable_retry_after)
-        .response();
+    } else {
+        tracing::error!(error = %e, %scope, "idempotency store error");
     }
-    tracing::error!(error = %e, %scope, "idempotency store error");
-    metrics.decision(Decision::StoreError);
-    Problem::new(
-        ProblemKind::StoreError,
-        "the request was not executed; the idempotency store answered with an error",
-    )
-    .response()
+    refuse(shared, unavailable(shared, e, "the idempotency store"))
 }
 
-fn in_progress(retry_after: Duration) -> Response<Body> {
-    Problem::new(
-        ProblemKind::RequestInProgress,
-        "the first request with this key has not finished; retry later with the same key \
-         to get its result",
+/// The refusal for a store (or archive) that failed: 503 for an outage, 500 otherwise.
+fn unavailable(shared: &Shared, e: &StoreError, what: &str) -> Refusal {
+    if e.is_unavailable() {
+        return (
+            Decision::Unavailable,
+            Problem::new(
+                ProblemKind::StoreUnavailable,
+                "the request was not executed; retry with the same key",
+            )
+            .retry_after(shared.config.store_unavailable_retry_after),
+        );
+    }
+    (
+        Decision::StoreError,
+        Problem::new(
+            ProblemKind::StoreError,
+            format!("the request was not executed; {what} answered with an error"),
+        ),
     )
-    .retry_after(retry_after)
-    .response()
 }
 
 /// Whether a replayed record's response was dropped by the sweeper.
@@ -173,14 +194,24 @@ pub(crate) async fn replay_dropped(shared: &Shared, record: &Record) -> Response
     }
 }
 
-/// Checks the archive for a fresh claim; `Some(response)` when the key expired (the
-/// claim is then finished FAILED_TERMINAL) or the check could not be made (the claim is
-/// released for a retry).
+/// Checks the archive for a fresh claim; `Some` when the key expired (the claim is
+/// then finished FAILED_TERMINAL with the 410) or the check could not be made (the claim
+/// is released for a retry).
 pub(crate) async fn check_archive(
     shared: &Shared,
     archive: &Arc<dyn ArchiveLookup>,
     token: &ClaimToken,
-) -> Option<Response<Body>> {
+) -> Option<Settled<Handled>> {
+    let answered = |(decision, problem): Refusal, ending| {
+        shared.metrics.decision(decision);
+        Some(Settled {
+            output: Handled {
+                response: problem.response(),
+                outcome: None,
+            },
+            ending,
+        })
+    };
     let found = match archive
         .archived(&token.scope.tenant, &token.scope.key)
         .await
@@ -190,50 +221,22 @@ pub(crate) async fn check_archive(
         Err(e) => {
             // Fail closed: without knowing, executing could be a second execution.
             tracing::warn!(scope = %token.scope, error = %e, "archive lookup failed");
-            if let Err(e) = shared.store.fail(token, true, None).await {
-                tracing::error!(scope = %token.scope, error = %e, "could not release the claim");
-                shared.metrics.finish_error();
-            }
-            shared.wakeups.wake(&token.scope);
-            shared.metrics.decision(if e.is_unavailable() {
-                Decision::Unavailable
-            } else {
-                Decision::StoreError
-            });
-            let problem = if e.is_unavailable() {
-                Problem::new(
-                    ProblemKind::StoreUnavailable,
-                    "the request was not executed; retry with the same key",
-                )
-                .retry_after(shared.config.store_unavailable_retry_after)
-            } else {
-                Problem::new(
-                    ProblemKind::StoreError,
-                    "the request was not executed; the archive lookup answered with an error",
-                )
-            };
-            return Some(problem.response());
+            let refusal = unavailable(shared, &e, "the archive lookup");
+            return answered(refusal, Ending::Finish(pipeline::retryable()));
         }
     };
-    shared.metrics.decision(Decision::KeyExpired);
     let problem = expired_problem(&found);
-    let body = problem.body();
     let stored = StoredResult {
         status: problem.kind.status().as_u16(),
         headers: vec![(CONTENT_TYPE.as_str().to_owned(), PROBLEM_JSON.to_owned())],
-        body: body.clone(),
+        body: problem.body(),
         result_ref: found.result_ref.clone(),
     };
     let finish = Finish {
         state: RecordState::FailedTerminal,
         result: Some(stored),
     };
-    if let Err(e) = shared.store.finish(token, finish).await {
-        tracing::error!(scope = %token.scope, error = %e, "could not record the expired key");
-        shared.metrics.finish_error();
-    }
-    shared.wakeups.wake(&token.scope);
-    Some(problem.response())
+    answered((Decision::KeyExpired, problem), Ending::Finish(finish))
 }
 
 fn expired_problem(found: &ArchivedRecord) -> Problem {

@@ -1,10 +1,9 @@
 //! Hands every keyed arrival to the application's [`ArrivalSink`], with the decision the
 //! layer made for it.
 //!
-//! The decision is noted where it is counted ([`crate::metrics`], which says what each
-//! of its decisions is as an arrival's), into a slot carried
-//! by the request's task (and the handler task it spawns); the arrival is handed over
-//! once the answer is ready. Without a sink nothing is carried. This module must not
+//! The decision is noted where it is counted ([`crate::metrics`]; what each decision is
+//! as an arrival's is [`crate::decision`]'s), into a slot carried by the request's
+//! task; the arrival is handed over once the answer is ready. Without a sink nothing is carried. This module must not
 //! wait on the sink: recording is the sink's, off the request path.
 
 use std::future::Future;
@@ -48,12 +47,6 @@ pub(crate) fn note(decision: ArrivalDecision) {
             slot.0.store(code(decision), Ordering::Relaxed);
         }
     });
-}
-
-/// `future` with the current request's slot, for a task it is spawned into.
-pub(crate) fn carry<F: Future>(future: F) -> impl Future<Output = F::Output> {
-    let slot = DECIDED.try_with(Clone::clone).ok().flatten();
-    DECIDED.scope(slot, future)
 }
 
 /// Runs `answer` for one arrival of `scope` and hands the arrival to `sink`.

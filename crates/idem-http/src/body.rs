@@ -43,14 +43,18 @@ pub enum ReadError {
     Broken(BoxError),
 }
 
-/// Whether the declared `Content-Length` already exceeds `limit` (refused before a byte
-/// is read).
-pub fn declared_too_large(headers: &HeaderMap, limit: usize) -> bool {
+/// The body length the request declares (`Content-Length`), when it is a number.
+pub fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|len| len > limit as u64)
+}
+
+/// Whether the declared `Content-Length` already exceeds `limit` (refused before a byte
+/// is read).
+pub fn declared_too_large(headers: &HeaderMap, limit: usize) -> bool {
+    declared_length(headers).is_some_and(|len| len > limit as u64)
 }
 
 /// Buffers a whole body: at most `limit` bytes, and all of it within `timeout`.

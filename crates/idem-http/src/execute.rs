@@ -1,18 +1,19 @@
-//! Running the handler under a claim and finishing the record.
+//! Running the handler under a claim: the layer's [`Execution`].
 //!
-//! The handler runs in its own task, so a client that disconnects (dropping the
-//! response future) cannot cancel it: the record always reaches a final state. Panics
-//! are caught and a configurable timeout bounds the run; both leave the record
-//! FAILED_RETRYABLE, never stuck in PROCESSING. So does a shutdown that cuts running
-//! executions off ([`crate::pipeline::Executions::cancel`]): the record is open for a retry at once
-//! instead of after its lease. While the handler runs, the lease is renewed every
-//! `lease / 3` ([`crate::pipeline::under_lease`]). The response is captured (status, chosen headers, body up
-//! to a limit) and the record finished by the outcome policy — unless the handler
-//! finished it in its own transaction (see [`crate::transactional`]).
+//! The handler runs in the keyed request's task ([`crate::layer`] spawns one per keyed
+//! request), so a client that disconnects cannot cancel it: the record always reaches a
+//! final state. Panics are caught and a configurable timeout bounds the run; both leave
+//! the record FAILED_RETRYABLE, never stuck in PROCESSING. So does a shutdown that cuts
+//! running executions off ([`crate::pipeline::Executions::cancel`]): the record is open
+//! for a retry at once instead of after its lease. The response is captured (status,
+//! chosen headers, body up to a limit) and settled by the outcome policy
+//! ([`pipeline::ending`]) — unless the handler finished the record in its own
+//! transaction (see [`crate::transactional`]).
 //!
-//! This module must not decide whether to execute: it is only called with a claim that
-//! proceeded.
+//! This module must not decide whether to execute: it runs only under a claim that
+//! proceeded, or on an in-transaction route whose handler claims itself.
 
+use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -23,16 +24,17 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use idem_core::{ClaimRequest, ClaimToken, Finish, Record, RecordState};
+use idem_core::{Claim, ClaimKind, ClaimRequest, Scope};
 use tower::Service;
-use tracing::Instrument;
 
-use crate::answer::{answer, store_failed};
+use crate::answer::{check_archive, respond, store_failed, Handled};
 use crate::body::{full, Body, BoxError};
 use crate::config::ResolvedRules;
-use crate::headers::IDEMPOTENCY_EXPIRES;
-use crate::metrics::{Decision, ExecutionOutcome, FinishedBy};
-use crate::pipeline::{self, Claimed, FinishPolicy, NotFinished, Ran, Running, TooLarge, Turn};
+use crate::decision::Decision;
+use crate::metrics::ExecutionOutcome;
+use crate::pipeline::{
+    self, Answer, Answered, Claimed, Ending, Execution, FinishedBy, Lease, Ran, Settled, TooLarge,
+};
 use crate::problem::{Problem, ProblemKind, ProblemResponse};
 use crate::shared::Shared;
 use crate::transactional::TransactionalClaim;
@@ -63,57 +65,114 @@ enum CapturedBody<B> {
     },
 }
 
-/// Executes the handler for a claim that proceeded.
-pub(crate) async fn execute<S, ReqB, B>(
-    shared: Arc<Shared>,
-    inner: S,
-    mut parts: Parts,
-    body: Bytes,
-    token: ClaimToken,
-) -> Response<Body>
+/// The services the layer wraps, their bounds written once.
+pub(crate) trait Inner<ReqB, B>:
+    Service<Request<ReqB>, Response = Response<B>, Future: Send + 'static, Error: Into<BoxError>>
+    + Send
+    + 'static
+{
+}
+
+impl<S, ReqB, B> Inner<ReqB, B> for S
 where
     S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
-    ReqB: From<Bytes> + Send + 'static,
+{
+}
+
+/// The response bodies of the services the layer wraps.
+pub(crate) trait ResponseBody:
+    http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+impl<B> ResponseBody for B
+where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    shared.metrics.decision(Decision::Executed);
-    let claim = TransactionalClaim::new(token.clone(), shared.capture.clone());
-    parts.extensions.insert(claim.clone());
-    let request = Request::from_parts(parts, ReqB::from(body));
-    // Counted from here, so a shutdown waits for this record even if the client left.
-    let running = shared.executions.start();
-    let task = tokio::spawn(crate::arrivals::carry(
-        run_under_claim(
-            shared.clone(),
+}
+
+/// The inner service and the request it runs for: the layer's [`Execution`].
+pub(crate) struct Handler<S, ReqB, B> {
+    pub shared: Arc<Shared>,
+    pub inner: S,
+    pub parts: Parts,
+    pub body: Bytes,
+    /// The request and response body types.
+    pub bodies: PhantomData<fn() -> (ReqB, B)>,
+}
+
+impl<S, ReqB, B> Execution for Handler<S, ReqB, B>
+where
+    S: Inner<ReqB, B>,
+    ReqB: From<Bytes> + Send + 'static,
+    B: ResponseBody,
+{
+    type Output = Handled;
+
+    async fn run(self, lease: Lease<'_>) -> Settled<Handled> {
+        let Handler {
+            shared,
             inner,
-            request,
-            token.clone(),
-            claim,
-            running,
-        )
-        // The request's span (its request id), for the handler's logs too.
-        .instrument(tracing::Span::current()),
-    ));
-    match task.await {
-        Ok(response) => response,
-        Err(join_error) => {
-            // Handler code is guarded inside the task; only the layer's own code can end
-            // up here. Leave the key open for a retry rather than stuck.
-            tracing::error!(scope = %token.scope, error = %join_error, "idempotency task failed");
-            if let Err(e) = shared.store.fail(&token, true, None).await {
-                tracing::error!(scope = %token.scope, error = %e, "could not release the claim");
-                shared.metrics.finish_error();
+            mut parts,
+            body,
+            ..
+        } = self;
+        let token = lease.token();
+        if let (ClaimKind::Fresh, Some(archive)) = (&token.kind, &shared.archive) {
+            if let Some(settled) = check_archive(&shared, archive, token).await {
+                return settled;
             }
-            shared.wakeups.wake(&token.scope);
-            Problem::new(
-                ProblemKind::ExecutionFailed,
-                "the request failed; retry with the same key",
-            )
-            .response()
         }
+        shared.metrics.decision(Decision::Executed);
+        let claim = TransactionalClaim::new(token.clone(), shared.capture.clone());
+        parts.extensions.insert(claim.clone());
+        let request = Request::from_parts(parts, ReqB::from(body));
+        let work = tokio::time::timeout(
+            shared.config.execution_timeout,
+            run_handler(inner, request, shared.capture.max_stored_body),
+        );
+        // Leaving the run drops the handler's future: a timed-out or cut-off handler is
+        // cancelled, and an open transaction of its rolls back.
+        let ended = match lease.hold(work).await {
+            Ran::Done(Ok(ended)) => ended,
+            Ran::Done(Err(_elapsed)) => Ended::Failed(Failure::TimedOut),
+            Ran::CutOff => Ended::Failed(Failure::CutOff),
+        };
+        let (response, finish, outcome) = settle(&shared, &token.scope, ended);
+        let ending = match claim.take_finished() {
+            Some(record) => Ending::Finished(record),
+            None => Ending::Finish(finish),
+        };
+        Settled {
+            output: Handled {
+                response,
+                outcome: Some(outcome),
+            },
+            ending,
+        }
+    }
+}
+
+/// A run that already happened (an in-transaction route's handler, whose claim is made
+/// after it): the pipeline only finishes its record.
+struct Done(Option<Settled<Handled>>);
+
+impl Execution for Done {
+    type Output = Handled;
+
+    async fn run(mut self, _lease: Lease<'_>) -> Settled<Handled> {
+        let settled = self.0.take().expect("run once");
+        if let Some(ExecutionOutcome::Succeeded) = settled.output.outcome {
+            // The handler answered success without committing a claim in its
+            // transaction: whatever it wrote was not protected by the key.
+            tracing::warn!(
+                "handler on an in-transaction route succeeded without claiming in its transaction"
+            );
+        }
+        settled
     }
 }
 
@@ -123,7 +182,7 @@ where
 /// response), a claim that did not proceed (its replay, mismatch or in-progress answer),
 /// or no committed claim at all (refused before writing, failed, lost its commit), in
 /// which case the key is claimed now, as on any route, and that claim decides.
-pub(crate) async fn execute_in_transaction<S, ReqB, B>(
+pub(crate) async fn in_transaction<S, ReqB, B>(
     shared: Arc<Shared>,
     inner: S,
     mut parts: Parts,
@@ -132,199 +191,75 @@ pub(crate) async fn execute_in_transaction<S, ReqB, B>(
     rules: ResolvedRules,
 ) -> Response<Body>
 where
-    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S: Inner<ReqB, B>,
     ReqB: From<Bytes> + Send + 'static,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: ResponseBody,
 {
     let claim = TransactionalClaim::deferred(req.clone(), shared.capture.clone());
     parts.extensions.insert(claim.clone());
     let request = Request::from_parts(parts, ReqB::from(body));
     let running = shared.executions.start();
-    let scope = req.scope.clone();
-    let task = tokio::spawn(crate::arrivals::carry(
-        run_in_transaction(shared.clone(), inner, request, req, claim, rules, running)
-            .instrument(tracing::Span::current()),
-    ));
-    match task.await {
-        Ok(response) => response,
-        Err(join_error) => {
-            // Nothing was claimed outside the handler's transaction, which rolled back.
-            tracing::error!(%scope, error = %join_error, "idempotency task failed");
-            Problem::new(
-                ProblemKind::ExecutionFailed,
-                "the request failed; retry with the same key",
-            )
-            .response()
-        }
-    }
-}
-
-async fn run_in_transaction<S, ReqB, B>(
-    shared: Arc<Shared>,
-    inner: S,
-    request: Request<ReqB>,
-    req: ClaimRequest,
-    claim: TransactionalClaim,
-    rules: ResolvedRules,
-    _running: Running,
-) -> Response<Body>
-where
-    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let ended = run_to_end(&shared, inner, request, None).await;
+    let work = tokio::time::timeout(
+        shared.config.execution_timeout,
+        run_handler(inner, request, shared.capture.max_stored_body),
+    );
+    // No committed record to renew a lease of.
+    let ended = match pipeline::until_cut_off(&shared.executions, work).await {
+        Ran::Done(Ok(ended)) => ended,
+        Ran::Done(Err(_elapsed)) => Ended::Failed(Failure::TimedOut),
+        Ran::CutOff => Ended::Failed(Failure::CutOff),
+    };
     let (response, finish, outcome) = settle(&shared, &req.scope, ended);
     if let Some(record) = claim.take_finished() {
         shared.metrics.decision(Decision::Executed);
         shared
             .metrics
-            .execution(outcome_of(record.state), FinishedBy::Handler);
+            .execution(ExecutionOutcome::of(record.state), FinishedBy::Handler);
         shared.wakeups.wake(&req.scope);
-        return with_expiry(&shared, response, Some(record));
+        return crate::answer::with_expiry(&shared, response, &record);
     }
-    match claim.take_answer().map(Turn::of) {
+    drop(running);
+    let pipeline = shared.pipeline(&rules);
+    match claim.take_answer() {
         // A handler that proceeded and did not commit: decided below.
-        None | Some(Turn::Proceed(_)) => {}
-        Some(turn) => return answer(&shared, turn, false, &rules).await,
+        None | Some(Claim::Proceed(_)) => {}
+        Some(claim) => {
+            let claimed = Claimed {
+                claim,
+                waited: false,
+            };
+            let answer = pipeline::answer::of_claim(claimed, rules.in_progress, false);
+            return respond(&shared, answer).await;
+        }
     }
-    let claimed = pipeline::claim(
-        shared.store.as_ref(),
-        &shared.wakeups,
-        &req,
-        rules.in_progress,
-        &shared.executions,
-    )
-    .await;
-    match claimed {
-        Ok(Claimed {
-            turn: Turn::Proceed(token),
-            ..
-        }) => {
-            shared.metrics.decision(Decision::Executed);
-            if outcome == ExecutionOutcome::Succeeded {
-                // The handler answered success without committing a claim in its
-                // transaction: whatever it wrote was not protected by the key.
-                tracing::warn!(scope = %req.scope, "handler on an in-transaction route succeeded without claiming in its transaction");
+    let done = Done(Some(Settled {
+        output: Handled {
+            response,
+            outcome: Some(outcome),
+        },
+        ending: Ending::Finish(finish),
+    }));
+    match pipeline.run(&req, done).await {
+        Ok(Answered { answer, .. }) => {
+            if let Answer::Fresh(_) = answer {
+                shared.metrics.decision(Decision::Executed);
             }
-            let finished = finish_counted(&shared, &token, finish, outcome).await;
-            shared.wakeups.wake(&req.scope);
-            with_expiry(&shared, response, finished)
+            respond(&shared, answer).await
         }
-        Ok(Claimed { turn, waited }) => answer(&shared, turn, waited, &rules).await,
-        Err(e) => store_failed(&shared, &e, &req.scope),
+        Err((e, _)) => store_failed(&shared, &e, &req.scope),
     }
 }
 
-/// Adds `Idempotency-Expires` for a record that reached a final state.
-fn with_expiry(
-    shared: &Shared,
-    mut response: Response<Body>,
-    record: Option<Record>,
-) -> Response<Body> {
-    if let Some(completed_at) = record
-        .filter(|r| r.state.is_terminal())
-        .and_then(|r| r.completed_at)
-    {
-        response.headers_mut().insert(
-            IDEMPOTENCY_EXPIRES,
-            shared.capture.expires_header(completed_at),
-        );
-    }
-    response
-}
-
-async fn run_under_claim<S, ReqB, B>(
-    shared: Arc<Shared>,
-    inner: S,
-    request: Request<ReqB>,
-    token: ClaimToken,
-    claim: TransactionalClaim,
-    _running: Running,
-) -> Response<Body>
-where
-    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let ended = run_to_end(&shared, inner, request, Some(&token)).await;
-    let (response, finish, outcome) = settle(&shared, &token.scope, ended);
-    let finished = match claim.take_finished() {
-        Some(record) => {
-            shared
-                .metrics
-                .execution(outcome_of(record.state), FinishedBy::Handler);
-            Some(record)
-        }
-        None => finish_counted(&shared, &token, finish, outcome).await,
-    };
-    // Written before waking: a waiter either sees the record or is woken.
-    shared.wakeups.wake(&token.scope);
-
-    with_expiry(&shared, response, finished)
-}
-
-/// Runs the handler to its end: bounded by the execution timeout, renewing `lease_of`'s
-/// lease meanwhile (an in-transaction claim has no committed record to renew), and cut
-/// off by the shutdown.
-async fn run_to_end<S, ReqB, B>(
-    shared: &Shared,
-    inner: S,
-    request: Request<ReqB>,
-    lease_of: Option<&ClaimToken>,
-) -> Ended<B>
-where
-    S: Service<Request<ReqB>, Response = Response<B>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let config = &shared.config;
-    let work = tokio::time::timeout(
-        config.execution_timeout,
-        run_handler(inner, request, shared.capture.max_stored_body),
-    );
-    // Leaving the run drops the handler's future: a timed-out or cut-off handler is
-    // cancelled, and an open transaction of its rolls back.
-    let ran = match lease_of {
-        Some(token) => {
-            pipeline::under_lease(
-                shared.store.as_ref(),
-                token,
-                config.lease,
-                &shared.executions,
-                work,
-            )
-            .await
-        }
-        None => pipeline::until_cut_off(&shared.executions, work).await,
-    };
-    match ran {
-        Ran::Done(Ok(ended)) => ended,
-        Ran::Done(Err(_elapsed)) => Ended::Failed(Failure::TimedOut),
-        Ran::CutOff => Ended::Failed(Failure::CutOff),
-    }
-}
-
-/// The response to send and how to finish the record, from how the run ended.
+/// The response to send, how to finish the record and how the run counts, from how the
+/// run ended.
 fn settle<B>(
     shared: &Shared,
-    scope: &idem_core::Scope,
+    scope: &Scope,
     ended: Ended<B>,
-) -> (Response<Body>, Finish, ExecutionOutcome)
+) -> (Response<Body>, idem_core::Finish, ExecutionOutcome)
 where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: ResponseBody,
 {
-    let config = &shared.config;
     let capture = &shared.capture;
     match ended {
         Ended::Responded(parts, captured) => {
@@ -334,13 +269,15 @@ where
                 CapturedBody::Whole(bytes) => (Some(bytes.clone()), full(bytes)),
                 CapturedBody::Oversized { prefix, rest } => (None, prefixed_body(prefix, rest)),
             };
-            // A retryable outcome is not replayed, so its response is not kept.
-            let result = (state != RecordState::FailedRetryable)
-                .then(|| capture.stored_result(status, &parts.headers, stored_body.as_deref()));
+            let finish =
+                pipeline::ending(state, stored_body.is_some(), TooLarge::OmitBody, |keep| {
+                    let body = stored_body.as_deref().filter(|_| keep);
+                    capture.stored_result(status, &parts.headers, body)
+                });
             (
                 Response::from_parts(parts, body),
-                Finish { state, result },
-                outcome_of(state),
+                finish,
+                ExecutionOutcome::of(state),
             )
         }
         Ended::Failed(failure) => {
@@ -381,16 +318,13 @@ where
                     ProblemKind::ExecutionTimeout,
                     format!(
                         "the handler did not finish within {} ms; retry with the same key",
-                        config.execution_timeout.as_millis()
+                        shared.config.execution_timeout.as_millis()
                     ),
                     ExecutionOutcome::TimedOut,
                 ),
             };
-            let finish = Finish {
-                state: RecordState::FailedRetryable,
-                result: None,
-            };
-            (Problem::new(kind, detail).response(), finish, outcome)
+            let response = Problem::new(kind, detail).response();
+            (response, pipeline::retryable(), outcome)
         }
     }
 }
@@ -469,56 +403,4 @@ where
     let head = futures::stream::once(async move { Ok::<_, BoxError>(Frame::data(prefix)) });
     let tail = TryStreamExt::map_err(BodyStream::new(rest), Into::into);
     crate::body::boxed(StreamBody::new(head.chain(tail)))
-}
-
-fn outcome_of(state: RecordState) -> ExecutionOutcome {
-    match state {
-        RecordState::Succeeded => ExecutionOutcome::Succeeded,
-        RecordState::FailedTerminal => ExecutionOutcome::FailedTerminal,
-        RecordState::FailedRetryable | RecordState::Processing => ExecutionOutcome::FailedRetryable,
-    }
-}
-
-/// Finishes the record through the pipeline and counts the execution: as `outcome`
-/// when the layer's finish wrote it, by the record's state when the handler's own
-/// transaction had.
-async fn finish_counted(
-    shared: &Shared,
-    token: &ClaimToken,
-    finish: Finish,
-    outcome: ExecutionOutcome,
-) -> Option<Record> {
-    let (record, by) = finish_claim(shared, token, finish).await?;
-    let outcome = match by {
-        FinishedBy::Layer => outcome,
-        FinishedBy::Handler => outcome_of(record.state),
-    };
-    shared.metrics.execution(outcome, by);
-    Some(record)
-}
-
-/// Finishes the record through the pipeline, counting what did not work.
-async fn finish_claim(
-    shared: &Shared,
-    token: &ClaimToken,
-    finish: Finish,
-) -> Option<(Record, FinishedBy)> {
-    let policy = FinishPolicy {
-        attempts: 6,
-        too_large: TooLarge::OmitBody,
-    };
-    match pipeline::finish(shared.store.as_ref(), token, finish, policy).await {
-        Ok((record, pipeline::FinishedBy::Pipeline)) => Some((record, FinishedBy::Layer)),
-        Ok((record, pipeline::FinishedBy::Handler)) => Some((record, FinishedBy::Handler)),
-        Err(NotFinished::Lost) => {
-            tracing::warn!(scope = %token.scope, "claim lost before it was finished");
-            shared.metrics.finish_error();
-            None
-        }
-        Err(NotFinished::Failed(e)) => {
-            tracing::error!(scope = %token.scope, error = %e, "could not finish the claim");
-            shared.metrics.finish_error();
-            None
-        }
-    }
 }

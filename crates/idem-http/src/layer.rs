@@ -3,8 +3,8 @@
 //! service's pin-projected [`ResponseFuture`].
 //!
 //! Owns construction of the state every request shares ([`crate::shared`]) and the
-//! first question — does this request need a claim at all. It must not decide anything else about a
-//! request: that is [`crate::claim`] and [`crate::execute`].
+//! first question — does this request need a claim at all (the pipeline's key rule). It
+//! must not decide anything else about a request: that is [`crate::keyed`].
 
 use std::fmt;
 use std::future::Future;
@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response};
-use idem_core::{ArchiveLookup, ArrivalSink, IdempotencyStore, KeyRule};
+use idem_core::{ArchiveLookup, ArrivalSink, IdempotencyStore};
 use tokio::task::JoinHandle;
 use tower::{Layer, Service};
 use tracing::Instrument;
@@ -22,13 +22,13 @@ use tracing::Instrument;
 use crate::auth::Authenticate;
 use crate::body::{boxed, Body, BoxError};
 use crate::config::IdempotencyConfig;
-use crate::headers::IDEMPOTENCY_KEY;
 use crate::metrics::IdempotencyMetrics;
 use crate::pipeline::LocalWakeups;
+use crate::pipeline::OwnerIds;
 use crate::problem::{inner_failed, Problem, ProblemKind, ProblemResponse};
 use crate::replay::Capture;
 use crate::retention::ReconstructResponse;
-use crate::shared::{OwnerIds, Shared};
+use crate::shared::Shared;
 
 /// Makes every configured route of an HTTP service idempotent. See the crate docs.
 #[derive(Clone)]
@@ -54,7 +54,10 @@ impl IdempotencyLayer {
                 config,
                 metrics: IdempotencyMetrics::default(),
                 wakeups: LocalWakeups::default(),
-                owners: Arc::new(OwnerIds::new()),
+                owners: Arc::new(
+                    OwnerIds::new(format!("http-{}#", uuid::Uuid::now_v7().simple()))
+                        .expect("a uuid prefix is short visible ASCII"),
+                ),
                 reconstruct: None,
                 archive: None,
                 executions: Arc::default(),
@@ -193,14 +196,9 @@ where
     }
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
-        let path = crate::claim::target(&request).path();
+        let path = crate::keyed::target(&request).path();
         let rules = self.shared.config.resolve(request.method(), path);
-        let keyed = match rules.key {
-            KeyRule::Ignored => false,
-            KeyRule::Optional => request.headers().contains_key(IDEMPOTENCY_KEY),
-            KeyRule::Required => true,
-        };
-        if !keyed {
+        if !crate::pipeline::request::needs_key(rules.key, request.headers()) {
             return ResponseFuture {
                 kind: Kind::Pass {
                     future: self.inner.call(request),
@@ -211,8 +209,9 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
-        // A task of its own from here: a client that hangs up cannot cancel a claim
-        // half-written or strand a record PROCESSING for its whole lease.
+        // The one task of a keyed request: a client that hangs up cannot cancel a claim
+        // half-written or strand a record PROCESSING for its whole lease, and the
+        // handler runs in it in place.
         // One span per keyed request: who, which key, what the layer decided and how
         // long the store took (filled in as they become known).
         let span = tracing::info_span!(
@@ -231,7 +230,7 @@ where
             span
         };
         let task =
-            tokio::spawn(crate::claim::serve(shared, inner, request, rules).instrument(span));
+            tokio::spawn(crate::keyed::serve(shared, inner, request, rules).instrument(span));
         ResponseFuture {
             kind: Kind::Keyed { task },
         }

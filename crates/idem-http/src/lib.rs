@@ -93,10 +93,11 @@ mod answer;
 mod arrivals;
 pub mod auth;
 pub mod body;
-mod claim;
 pub mod config;
+pub mod decision;
 mod execute;
 pub mod headers;
+mod keyed;
 mod layer;
 pub mod metrics;
 pub mod openapi;
@@ -113,6 +114,7 @@ pub use config::{
     ClaimMode, IdempotencyConfig, InProgressMode, KeyRule, ResolvedRules, RouteRule,
     StoreUnavailableMode,
 };
+pub use decision::Decision;
 pub use headers::{
     IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_BODY_OMITTED, IDEMPOTENT_RECONSTRUCTED,
     IDEMPOTENT_REPLAYED,

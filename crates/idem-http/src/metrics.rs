@@ -1,7 +1,7 @@
 //! Counters for what the layer decided, in Prometheus form.
 //!
-//! Owns the metric names and labels, and what each decision counts as for an
-//! [`ArrivalSink`](idem_core::ArrivalSink); the application owns the [`Registry`] and the
+//! Owns the metric names and labels (the decisions are [`crate::decision`]'s, which also
+//! says what each is as an arrival's); the application owns the [`Registry`] and the
 //! `/metrics` route. Register once per process (or per registry): tests that start the
 //! app several times share one [`IdempotencyMetrics`] handle instead of registering again.
 //!
@@ -20,11 +20,14 @@ use std::sync::Arc;
 
 use std::fmt::Write as _;
 
-use idem_core::ArrivalDecision;
+use idem_core::RecordState;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+
+pub use crate::decision::Decision;
+pub use crate::pipeline::FinishedBy;
 
 /// Declares a label enum whose Prometheus value is the given snake_case text.
 macro_rules! label_enum {
@@ -54,47 +57,9 @@ macro_rules! label_enum {
     };
 }
 
-label_enum! {
-    /// What the layer did with a request (`decision` label).
-    Decision {
-        /// Claimed and executed the handler.
-        Executed => "executed",
-        /// Returned a stored result.
-        Replayed => "replayed",
-        /// Answered 409 (at once, or after waiting `max_wait`).
-        InProgress => "in_progress",
-        /// Same key, different request: 422.
-        Mismatch => "mismatch",
-        MissingKey => "missing_key",
-        InvalidKey => "invalid_key",
-        Unauthenticated => "unauthenticated",
-        TooLarge => "too_large",
-        /// The request body could not be read (client went away mid-upload).
-        UnreadableBody => "unreadable_body",
-        /// The JSON body names a member twice: 400, nothing recorded.
-        DuplicateMember => "duplicate_member",
-        /// Store unreachable: 503, handler not called.
-        Unavailable => "unavailable",
-        /// Store unreachable on a fail-open route: handler called without protection.
-        Bypassed => "bypassed",
-        /// The store answered with an error that is not an outage: 500.
-        StoreError => "store_error",
-        /// The key was archived: 410, handler not called.
-        KeyExpired => "key_expired",
-    }
-}
-
-impl Decision {
-    /// What an arrival's story says for this decision. A fail-open bypass ran the
-    /// handler (unprotected), so it executed; decisions without a key never get there.
-    fn arrival(self) -> ArrivalDecision {
-        match self {
-            Decision::Executed | Decision::Bypassed => ArrivalDecision::Executed,
-            Decision::Replayed => ArrivalDecision::Replayed,
-            Decision::InProgress => ArrivalDecision::InProgress,
-            Decision::Mismatch => ArrivalDecision::Mismatch,
-            _ => ArrivalDecision::Refused,
-        }
+impl EncodeLabelValue for Decision {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
     }
 }
 
@@ -118,15 +83,36 @@ label_enum! {
     }
 }
 
-label_enum! {
-    /// Who wrote the final state of an execution's record (`finished_by` label).
-    FinishedBy {
-        /// The layer, after the handler returned.
-        Layer => "layer",
-        /// The handler, inside its own transaction (transactional mode).
-        Handler => "handler",
+impl ExecutionOutcome {
+    /// How an execution counts by the state its record ended in.
+    pub fn of(state: RecordState) -> Self {
+        match state {
+            RecordState::Succeeded => ExecutionOutcome::Succeeded,
+            RecordState::FailedTerminal => ExecutionOutcome::FailedTerminal,
+            RecordState::FailedRetryable | RecordState::Processing => {
+                ExecutionOutcome::FailedRetryable
+            }
+        }
     }
 }
+
+/// The pipeline's [`FinishedBy`] as the `finished_by` label: `layer` when the pipeline
+/// wrote the record (the label dashboards already read), `handler` when the handler's
+/// own transaction did.
+fn finished_by_label(by: FinishedBy) -> &'static str {
+    match by {
+        FinishedBy::Pipeline => "layer",
+        FinishedBy::Handler => "handler",
+    }
+}
+
+impl EncodeLabelValue for FinishedBy {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(finished_by_label(*self))
+    }
+}
+
+const FINISHED_BY: [FinishedBy; 2] = [FinishedBy::Pipeline, FinishedBy::Handler];
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct DecisionLabels {
@@ -176,7 +162,7 @@ impl IdempotencyMetrics {
             let _ = inner.conflicts.get_or_create(&ConflictLabels { kind });
         }
         for &outcome in ExecutionOutcome::ALL {
-            for &finished_by in FinishedBy::ALL {
+            for finished_by in FINISHED_BY {
                 let _ = inner.executions.get_or_create(&ExecutionLabels {
                     outcome,
                     finished_by,
@@ -214,7 +200,7 @@ impl IdempotencyMetrics {
 
     /// Counts `decision`, and names it on the request's span (its `decision` field).
     pub(crate) fn decision(&self, decision: Decision) {
-        tracing::Span::current().record("decision", decision.as_str());
+        decision.on_span();
         crate::arrivals::note(decision.arrival());
         self.inner
             .requests
@@ -290,6 +276,7 @@ mod tests {
         m.decision(Decision::Replayed);
         m.decision(Decision::Executed);
         m.execution(ExecutionOutcome::Succeeded, FinishedBy::Handler);
+        m.execution(ExecutionOutcome::Succeeded, FinishedBy::Pipeline);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
@@ -302,13 +289,7 @@ mod tests {
         ));
         assert_eq!(m.conflicts(Conflict::InProgress), 0);
         assert_eq!(m.requests(Decision::Executed), 1);
-        assert_eq!(Decision::ALL.len(), 14);
-    }
-
-    #[test]
-    fn decisions_as_arrivals() {
-        assert_eq!(Decision::KeyExpired.arrival(), ArrivalDecision::Refused);
-        assert_eq!(Decision::Bypassed.arrival(), ArrivalDecision::Executed);
-        assert_eq!(Decision::Replayed.arrival(), ArrivalDecision::Replayed);
+        assert!(text
+            .contains("idem_http_executions_total{outcome=\"succeeded\",finished_by=\"layer\"} 1"));
     }
 }

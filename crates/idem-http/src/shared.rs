@@ -2,18 +2,17 @@
 //! capture, metrics, in-process wake-ups, owner ids, the retention seams and the
 //! executions running under a claim.
 //!
-//! Owns that state and the owner ids of claims. It must not decide anything about a
-//! request; [`crate::layer`] builds it, the request path only reads it.
+//! Owns that state and the layer's [`Pipeline`] over it. It must not decide anything
+//! about a request; [`crate::layer`] builds it, the request path only reads it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use idem_core::{ArchiveLookup, ArrivalSink, IdempotencyStore, OwnerId};
+use idem_core::{ArchiveLookup, ArrivalSink, IdempotencyStore};
 
 use crate::auth::Authenticate;
-use crate::config::IdempotencyConfig;
+use crate::config::{IdempotencyConfig, ResolvedRules};
 use crate::metrics::IdempotencyMetrics;
-use crate::pipeline::{Executions, LocalWakeups};
+use crate::pipeline::{Executions, FinishPolicy, LocalWakeups, OwnerIds, Pipeline, TooLarge};
 use crate::replay::Capture;
 use crate::retention::ReconstructResponse;
 
@@ -37,23 +36,21 @@ pub(crate) struct Shared {
     pub arrivals: Option<Arc<dyn ArrivalSink>>,
 }
 
-/// Owner ids for claims: one prefix per layer instance, a sequence number per claim, so
-/// a record's owner tells which process and which request held it.
-pub(crate) struct OwnerIds {
-    prefix: String,
-    next: AtomicU64,
-}
-
-impl OwnerIds {
-    pub(crate) fn new() -> Self {
-        Self {
-            prefix: format!("http-{}", uuid::Uuid::now_v7().simple()),
-            next: AtomicU64::new(1),
+impl Shared {
+    /// The pipeline a request under `rules` runs: a finish is retried while the store is
+    /// unavailable (the handler has run, so giving up early leaves the key PROCESSING
+    /// until its lease ends), and a result too large to keep is kept without its body.
+    pub fn pipeline(&self, rules: &ResolvedRules) -> Pipeline<'_> {
+        Pipeline {
+            store: self.store.as_ref(),
+            wakeups: &self.wakeups,
+            executions: &self.executions,
+            lease: self.config.lease,
+            in_progress: rules.in_progress,
+            finish: FinishPolicy {
+                attempts: 6,
+                too_large: TooLarge::OmitBody,
+            },
         }
-    }
-
-    pub(crate) fn next(&self) -> OwnerId {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        OwnerId::new(format!("{}#{n}", self.prefix)).expect("owner ids are visible ASCII")
     }
 }

@@ -92,8 +92,9 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use http::{HeaderMap, StatusCode};
-use idem_core::{Claim, ClaimRequest, ClaimToken, Finish, Record, RecordState};
+use idem_core::{Claim, ClaimRequest, ClaimToken, Finish, Record};
 
+use crate::pipeline::TooLarge;
 use crate::replay::Capture;
 
 /// The claim a handler is executing under, for finishing it in its own transaction.
@@ -175,11 +176,10 @@ impl TransactionalClaim {
     /// replay is indistinguishable from one the layer finished.
     pub fn finish_for(&self, status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Finish {
         let capture = &self.inner.capture;
-        let state = capture.classify(status);
-        let stored_body = (body.len() <= capture.max_stored_body).then_some(body);
-        let result = (state != RecordState::FailedRetryable)
-            .then(|| capture.stored_result(status, headers, stored_body));
-        Finish { state, result }
+        let fits = body.len() <= capture.max_stored_body;
+        crate::pipeline::ending(capture.classify(status), fits, TooLarge::OmitBody, |keep| {
+            capture.stored_result(status, headers, keep.then_some(body))
+        })
     }
 
     /// Tells the layer the record was finished and committed by the handler; call it

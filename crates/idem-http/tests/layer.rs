@@ -482,7 +482,7 @@ async fn handler_panic_leaves_the_key_retryable_and_never_runs_concurrently() {
     assert_eq!(
         server
             .metrics
-            .executions(ExecutionOutcome::Panicked, FinishedBy::Layer),
+            .executions(ExecutionOutcome::Panicked, FinishedBy::Pipeline),
         1
     );
     let record = store.get(&scope("t1", "pay:1")).await.unwrap().unwrap();
@@ -521,7 +521,7 @@ async fn execution_timeout_is_504_and_leaves_the_key_retryable() {
     assert_eq!(
         server
             .metrics
-            .executions(ExecutionOutcome::TimedOut, FinishedBy::Layer),
+            .executions(ExecutionOutcome::TimedOut, FinishedBy::Pipeline),
         1
     );
 }

@@ -10,7 +10,7 @@ use idem_conformance::{fresh_tenant, request};
 use idem_core::{
     Claim, ClaimRequest, ClaimToken, Finish, IdempotencyStore, Millis, Record, Scope, StoreError,
 };
-use idem_http::pipeline::{self, Executions, LocalWakeups, Ran, Turn};
+use idem_http::pipeline::{self, Executions, LocalWakeups, Ran};
 use idem_http::InProgressMode;
 use idem_sqlite::SqliteStore;
 
@@ -51,9 +51,9 @@ async fn a_waiter_is_woken_by_the_finish_and_replays() {
     let claimed = waiter.await.unwrap().unwrap();
     assert!(claimed.waited);
     assert!(
-        matches!(claimed.turn, Turn::Replay(_)),
+        matches!(claimed.claim, Claim::Replay(_)),
         "{:?}",
-        claimed.turn
+        claimed.claim
     );
     // Woken, not by the 30 s lease deadline.
     assert!(started.elapsed() < Duration::from_secs(5));
@@ -131,9 +131,10 @@ async fn the_cut_off_answers_a_waiter_without_claiming_again() {
         .unwrap()
         .unwrap();
     assert!(
-        matches!(claimed.turn, Turn::InProgress { lease_left } if lease_left > Duration::from_secs(20)),
+        matches!(claimed.claim, Claim::InProgress { .. })
+            && pipeline::lease_left(&claimed.claim) > Duration::from_secs(20),
         "{:?}",
-        claimed.turn
+        claimed.claim
     );
     assert_eq!(
         counting.claims.load(Ordering::SeqCst),

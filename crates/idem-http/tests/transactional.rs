@@ -147,7 +147,7 @@ async fn handler_finishes_in_its_transaction_and_the_layer_does_not_finish_again
         2
     );
     assert_eq!(
-        metrics.executions(ExecutionOutcome::Succeeded, FinishedBy::Layer),
+        metrics.executions(ExecutionOutcome::Succeeded, FinishedBy::Pipeline),
         0
     );
     assert_eq!(metrics.finish_errors(), 0);
@@ -178,7 +178,7 @@ async fn a_rolled_back_transaction_leaves_the_key_retryable() {
         "the layer finished it"
     );
     assert_eq!(
-        metrics.executions(ExecutionOutcome::FailedRetryable, FinishedBy::Layer),
+        metrics.executions(ExecutionOutcome::FailedRetryable, FinishedBy::Pipeline),
         1
     );
     let retry = send(order(&client, url, ALICE, "tx-rb", &json!({}))).await;
