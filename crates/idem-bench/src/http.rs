@@ -264,12 +264,7 @@ async fn clean_up(store: &Store, url: &str, open: &OpenOptions) -> Result<(), Be
             let Some(prefix) = &open.redis_prefix else {
                 return Ok(());
             };
-            let removed = async {
-                let client = redis::Client::open(url)?;
-                let mut conn = client.get_multiplexed_async_connection().await?;
-                crate::cleanup::unlink_prefix(&mut conn, prefix).await
-            };
-            removed
+            crate::cleanup::unlink_prefix_at(url, prefix)
                 .await
                 .map(|_| ())
                 .map_err(|e| BenchError::Setup(format!("removing the bench keys: {e}")))

@@ -19,9 +19,11 @@
 //! are ratios measured in one run; absolute numbers depend on the host.
 
 pub mod cleanup;
+mod client;
 pub mod demo;
 pub mod gateway;
 pub mod http;
+mod nginx;
 pub mod orders;
 pub mod reconcile;
 pub mod saturation;
