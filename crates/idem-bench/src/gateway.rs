@@ -220,7 +220,38 @@ impl BenchReport {
 }
 
 const BENCH_API_KEY: &str = "bench-key";
-const TENANT_HEADER: &str = "x-idem-tenant";
+pub(crate) const TENANT_HEADER: &str = "x-idem-tenant";
+
+/// The gateway the bench measures: `POST /v1/*` keyed, one API key, the window in memory
+/// or in the Redis `redis_url` names under `redis_prefix`.
+pub(crate) fn bench_config(
+    upstream: SocketAddr,
+    redis_url: Option<String>,
+    redis_prefix: &str,
+) -> GatewayConfig {
+    let mut config = GatewayConfig::new(
+        "127.0.0.1:0".parse().expect("address"),
+        format!("http://{upstream}"),
+    );
+    config.redis_url = redis_url;
+    config.redis_prefix = redis_prefix.to_string();
+    config.routes = vec![RouteConfig {
+        methods: vec!["POST".into()],
+        path: "/v1/*".into(),
+        key: KeyRule::Required,
+    }];
+    config.auth.api_keys.insert(
+        BENCH_API_KEY.into(),
+        ApiKeyEntry::Tenant(idem_core::TenantId::new("bench").expect("tenant")),
+    );
+    config.max_wait_ms = 60_000;
+    config
+}
+
+/// A keyed write as the bench sends it to the gateway.
+pub(crate) fn keyed_request(addr: SocketAddr, key: &str) -> Request<Full<Bytes>> {
+    ScenarioKind::KeyedFresh.request(addr, key)
+}
 
 /// Runs the benchmark. Bounded in time: about `2 scenarios x rounds x 3 targets x phase`
 /// plus the storm and setup.
@@ -237,23 +268,8 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
     .await?;
     let (upstream_addr, upstream_state): (SocketAddr, Arc<StubState>) = upstream;
 
-    let mut config = GatewayConfig::new(
-        "127.0.0.1:0".parse().expect("address"),
-        format!("http://{upstream_addr}"),
-    );
-    config.redis_url = options.redis_url.clone();
     let redis_prefix = format!("idem-bench-{}", uuid::Uuid::new_v4().simple());
-    config.redis_prefix = redis_prefix.clone();
-    config.routes = vec![RouteConfig {
-        methods: vec!["POST".into()],
-        path: "/v1/*".into(),
-        key: KeyRule::Required,
-    }];
-    config.auth.api_keys.insert(
-        BENCH_API_KEY.into(),
-        ApiKeyEntry::Tenant(idem_core::TenantId::new("bench").expect("tenant")),
-    );
-    config.max_wait_ms = 60_000;
+    let config = bench_config(upstream_addr, options.redis_url.clone(), &redis_prefix);
     let window = if config.redis_url.is_some() {
         "redis"
     } else {

@@ -108,10 +108,10 @@ pub enum BenchError {
     Setup(String),
 }
 
-const TOKEN: &str = "bench-token";
-const BODY: &str = r#"{"user_id":"U-7318","show_id":"S-204","seats":2}"#;
+pub(crate) const TOKEN: &str = "bench-token";
+pub(crate) const BODY: &str = r#"{"user_id":"U-7318","show_id":"S-204","seats":2}"#;
 
-async fn create_order(
+pub(crate) async fn create_order(
     Json(body): Json<serde_json::Value>,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let order = serde_json::json!({
