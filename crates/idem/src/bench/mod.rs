@@ -90,6 +90,15 @@ enum BenchCommand {
         /// Share the window through this Redis during the keyed scenarios.
         #[arg(long)]
         redis_url: Option<String>,
+        /// Scenarios: pass (key-less), keyed (fresh keys), hot (replays of hot keys).
+        #[arg(long, value_delimiter = ',', default_values_t = ["pass".to_string(), "keyed".to_string(), "hot".to_string()])]
+        scenarios: Vec<String>,
+        /// Rounds of (direct, nginx, gateway) per scenario.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Milliseconds per target per round.
+        #[arg(long, default_value_t = 2_000)]
+        phase_ms: u64,
         /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
@@ -302,9 +311,18 @@ pub async fn run(url: &str, explicit_url: Option<String>, args: BenchArgs) -> Cl
             .map_err(backend)?;
             show(&report, json, idem_bench::orders::print_human)
         }
-        BenchCommand::Gateway { redis_url, json } => {
+        BenchCommand::Gateway {
+            redis_url,
+            scenarios,
+            rounds,
+            phase_ms,
+            json,
+        } => {
             let report = idem_bench::gateway::bench(idem_bench::gateway::BenchOptions {
                 redis_url,
+                scenarios,
+                rounds,
+                phase_ms,
                 ..Default::default()
             })
             .await
