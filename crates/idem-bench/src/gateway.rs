@@ -220,6 +220,9 @@ impl BenchReport {
 }
 
 const BENCH_API_KEY: &str = "bench-key";
+/// The hot-key scenario's caller: a tenant of its own, so the window partition the
+/// fresh-key scenario filled does not refuse its first requests.
+const HOT_API_KEY: &str = "bench-hot-key";
 pub(crate) const TENANT_HEADER: &str = "x-idem-tenant";
 
 /// The gateway the bench measures: `POST /v1/*` keyed, one API key, the window in memory
@@ -244,7 +247,15 @@ pub(crate) fn bench_config(
         BENCH_API_KEY.into(),
         ApiKeyEntry::Tenant(idem_core::TenantId::new("bench").expect("tenant")),
     );
+    config.auth.api_keys.insert(
+        HOT_API_KEY.into(),
+        ApiKeyEntry::Tenant(idem_core::TenantId::new("bench-hot").expect("tenant")),
+    );
     config.max_wait_ms = 60_000;
+    // One caller writes every fresh key of a run: with the default share (a sixteenth
+    // of the window) it would be refused with 429 after ~25k keys, and the run would
+    // measure refusals.
+    config.window_partition_bytes = Some(config.memory_window_bytes);
     config
 }
 
@@ -488,7 +499,13 @@ impl ScenarioKind {
                 .uri("/v1/orders")
                 .header(HOST, host)
                 .header(CONTENT_TYPE, "application/json")
-                .header("x-api-key", BENCH_API_KEY)
+                .header(
+                    "x-api-key",
+                    match self {
+                        ScenarioKind::HotReplay => HOT_API_KEY,
+                        _ => BENCH_API_KEY,
+                    },
+                )
                 .header("idempotency-key", key)
                 .body(Full::new(Bytes::from_static(
                     br#"{"user":"U-7318","show":"S-204","seats":2}"#,

@@ -315,61 +315,55 @@ impl Upstream {
 
     /// Asks the upstream for a key's state: `method path` with `{key}` replaced by the
     /// percent-encoded key, carrying the same identity headers as the request.
-    pub async fn query_state(
-        &self,
-        method: &Method,
-        path_template: &str,
-        key: &str,
-        identity_headers: &HeaderMap,
+    ///
+    /// Boxed: the rare state query must not grow the future of every keyed request that
+    /// could make one.
+    pub fn query_state<'a>(
+        &'a self,
+        method: &'a Method,
+        path_template: &'a str,
+        key: &'a str,
+        identity_headers: &'a HeaderMap,
         timeout: Duration,
-    ) -> Result<KeyState, StateError> {
-        // Boxed: the rare state query must not grow the future of every keyed request
-        // that could make one.
-        Box::pin(self.ask_state(method, path_template, key, identity_headers, timeout)).await
-    }
-
-    async fn ask_state(
-        &self,
-        method: &Method,
-        path_template: &str,
-        key: &str,
-        identity_headers: &HeaderMap,
-        timeout: Duration,
-    ) -> Result<KeyState, StateError> {
-        let path = path_template.replace("{key}", &percent_encode(key));
-        let mut req = Request::new(empty());
-        *req.method_mut() = method.clone();
-        *req.uri_mut() = self.base.uri(&path);
-        *req.headers_mut() = identity_headers.clone();
-        req.headers_mut()
-            .insert(ACCEPT, HeaderValue::from_static("application/json"));
-        req.headers_mut().insert(HOST, self.host.clone());
-        let run = async {
-            let (resp, sender) = self.pool.send(req).await.map_err(|e| match e {
-                SendError::NotSent(e) => e,
-                SendError::Failed(e) => error_chain(&e),
-            })?;
-            let status = resp.status();
-            let body = read_limited(resp.into_body(), self.max_response_bytes, Duration::MAX)
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<KeyState, StateError>> + Send + 'a>,
+    > {
+        Box::pin(async move {
+            let path = path_template.replace("{key}", &percent_encode(key));
+            let mut req = Request::new(empty());
+            *req.method_mut() = method.clone();
+            *req.uri_mut() = self.base.uri(&path);
+            *req.headers_mut() = identity_headers.clone();
+            req.headers_mut()
+                .insert(ACCEPT, HeaderValue::from_static("application/json"));
+            req.headers_mut().insert(HOST, self.host.clone());
+            let run = async {
+                let (resp, sender) = self.pool.send(req).await.map_err(|e| match e {
+                    SendError::NotSent(e) => e,
+                    SendError::Failed(e) => error_chain(&e),
+                })?;
+                let status = resp.status();
+                let body = read_limited(resp.into_body(), self.max_response_bytes, Duration::MAX)
+                    .await
+                    .map_err(|e| format!("state response body: {e:?}"))?;
+                self.pool.checkin(sender);
+                Ok::<_, String>((status, body))
+            };
+            let (status, body) = tokio::time::timeout(timeout, run)
                 .await
-                .map_err(|e| format!("state response body: {e:?}"))?;
-            self.pool.checkin(sender);
-            Ok::<_, String>((status, body))
-        };
-        let (status, body) = tokio::time::timeout(timeout, run)
-            .await
-            .map_err(|_| format!("no state answer within {} ms", timeout.as_millis()))
-            .and_then(|r| r)
-            .map_err(StateError::NoAnswer)?;
-        // A 404 counts only with a state in its body: a 404 from a service without the
-        // endpoint must not pass for "absent" (that would license a re-send).
-        if !status.is_success() && status != StatusCode::NOT_FOUND {
-            return Err(StateError::Answered(format!(
-                "state query answered {status}"
-            )));
-        }
-        parse_key_state(&body)
-            .map_err(|e| StateError::Answered(format!("state query answered {status}: {e}")))
+                .map_err(|_| format!("no state answer within {} ms", timeout.as_millis()))
+                .and_then(|r| r)
+                .map_err(StateError::NoAnswer)?;
+            // A 404 counts only with a state in its body: a 404 from a service without the
+            // endpoint must not pass for "absent" (that would license a re-send).
+            if !status.is_success() && status != StatusCode::NOT_FOUND {
+                return Err(StateError::Answered(format!(
+                    "state query answered {status}"
+                )));
+            }
+            parse_key_state(&body)
+                .map_err(|e| StateError::Answered(format!("state query answered {status}: {e}")))
+        })
     }
 }
 
