@@ -15,6 +15,13 @@ pub async fn drop_schema(pool: &sqlx::PgPool, schema: &str) -> Result<(), sqlx::
 /// Removes every key under `prefix:` (the Redis store's own helper).
 pub use idem_redis::unlink_prefix;
 
+/// [`unlink_prefix`] on the Redis server `url` names, over a connection of its own.
+pub async fn unlink_prefix_at(url: &str, prefix: &str) -> redis::RedisResult<u64> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    unlink_prefix(&mut conn, prefix).await
+}
+
 /// Makes the database `name` on the MySQL/MariaDB server `url` names (MySQL's schemas are
 /// databases) and returns the URL of it: where a bench runs, beside the URL's own.
 pub async fn create_mysql_database(url: &str, name: &str) -> Result<String, sqlx::Error> {

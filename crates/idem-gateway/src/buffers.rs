@@ -42,7 +42,8 @@ pub(crate) struct BodyBudget {
 
 /// A body's share of the budget, given back when dropped.
 pub(crate) struct Held {
-    permits: Vec<OwnedSemaphorePermit>,
+    /// Every step taken, merged into one permit (no list to allocate).
+    permits: Option<OwnedSemaphorePermit>,
     bytes: usize,
     metrics: Arc<GatewayMetrics>,
 }
@@ -69,7 +70,7 @@ impl BodyBudget {
 
     fn held(&self) -> Held {
         Held {
-            permits: Vec::new(),
+            permits: None,
             bytes: 0,
             metrics: self.metrics.clone(),
         }
@@ -85,7 +86,10 @@ impl BodyBudget {
         };
         match self.room.clone().try_acquire_many_owned(n32) {
             Ok(permit) => {
-                held.permits.push(permit);
+                match &mut held.permits {
+                    Some(all) => all.merge(permit),
+                    None => held.permits = Some(permit),
+                }
                 held.bytes += n;
                 self.metrics.buffered_body_bytes(n as i64);
                 true
@@ -122,15 +126,29 @@ impl BodyBudget {
         }
         let collect = async {
             let mut body = std::pin::pin!(body);
-            let mut whole: Vec<u8> = Vec::with_capacity(declared.unwrap_or(0));
+            // Allocated at the declared size once a body comes in more than one frame.
+            let mut whole: Vec<u8> = Vec::new();
+            // The whole declared body in its first frame: kept as it came, no copy.
+            let mut single: Option<Bytes> = None;
             while let Some(frame) = body.frame().await {
                 let frame = frame.map_err(|e| BufferError::Broken(e.into()))?;
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                let len = whole.len() + data.len();
+                if data.is_empty() {
+                    continue;
+                }
+                let before = whole.len() + single.as_ref().map_or(0, Bytes::len);
+                let len = before + data.len();
                 if len > limit || declared.is_some_and(|n| len > n) {
                     return Err(BufferError::TooLarge);
+                }
+                if before == 0 && declared == Some(len) {
+                    single = Some(data);
+                    continue;
+                }
+                if whole.capacity() == 0 {
+                    whole.reserve_exact(declared.unwrap_or(0));
                 }
                 if len > whole.capacity() {
                     // Undeclared length: grow by at most GROWTH past what arrived, the
@@ -145,7 +163,7 @@ impl BodyBudget {
                 }
                 whole.extend_from_slice(&data);
             }
-            Ok(Bytes::from(whole))
+            Ok(single.unwrap_or_else(|| Bytes::from(whole)))
         };
         match tokio::time::timeout(timeout, collect).await {
             Ok(Ok(bytes)) => Ok((bytes, held)),
@@ -185,6 +203,36 @@ mod tests {
             b.read(full("abcdefgh"), Some(6), 100, t).await,
             Err(BufferError::TooLarge)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_declared_body_in_frames_is_joined_and_bounded() {
+        use http_body_util::StreamBody;
+        let frames = |parts: &'static [&'static str]| {
+            StreamBody::new(futures::stream::iter(parts.iter().map(|p| {
+                Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(
+                    p.as_bytes(),
+                )))
+            })))
+        };
+        let b = budget(100);
+        let t = Duration::from_secs(1);
+        let (whole, held) = b
+            .read(frames(&["abc", "", "def"]), Some(6), 100, t)
+            .await
+            .unwrap();
+        assert_eq!(&whole[..], b"abcdef");
+        assert_eq!(held.bytes, 6);
+        // A whole first frame followed by more is longer than declared.
+        assert!(matches!(
+            b.read(frames(&["abcdef", "g"]), Some(6), 100, t).await,
+            Err(BufferError::TooLarge)
+        ));
+        let (one, _held) = b
+            .read(frames(&["abcdef", ""]), Some(6), 100, t)
+            .await
+            .unwrap();
+        assert_eq!(&one[..], b"abcdef");
     }
 
     #[tokio::test]

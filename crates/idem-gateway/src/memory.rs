@@ -26,8 +26,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use idem_core::store::{lease_millis, verdict, Verdict};
 use idem_core::{
-    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyKey,
-    IdempotencyStore, Millis, Record, RecordState, Scope, StoreError, StoreLimits, TenantId,
+    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
+    Record, RecordState, Scope, StoreError, StoreLimits, TenantId,
 };
 
 /// How to build a [`MemoryStore`].
@@ -81,8 +81,32 @@ fn record_bytes(r: &Record) -> usize {
 }
 
 struct Entry {
+    /// The map's key, shared with the expiry heap (no copy of the strings per write).
+    scope: Arc<Scope>,
     record: Record,
     expires_at: Millis,
+    /// `record_bytes(&record)`, kept so removal and rewrites need not walk the record.
+    bytes: usize,
+}
+
+/// A record's expiry in the heap: earliest first, by time only.
+struct Due(Millis, Arc<Scope>);
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.0.cmp(&self.0)
+    }
 }
 
 /// What one partition holds.
@@ -97,28 +121,27 @@ struct Partition {
 
 #[derive(Default)]
 struct State {
-    records: HashMap<Scope, Entry>,
+    records: HashMap<Arc<Scope>, Entry>,
     /// `record_bytes` of every record held.
     bytes: usize,
     /// (deadline, scope) pairs; stale pairs (the record was rewritten with a later
     /// deadline) are skipped by the sweep.
-    expiries: BinaryHeap<Reverse<(Millis, TenantId, IdempotencyKey)>>,
+    expiries: BinaryHeap<Due>,
     partitions: HashMap<TenantId, Partition>,
 }
 
 impl State {
     fn sweep(&mut self, now: Millis) {
-        while let Some(Reverse((at, _, _))) = self.expiries.peek() {
+        while let Some(Due(at, _)) = self.expiries.peek() {
             if *at > now {
                 break;
             }
-            let Some(Reverse((_, tenant, key))) = self.expiries.pop() else {
+            let Some(Due(_, scope)) = self.expiries.pop() else {
                 break;
             };
-            let scope = Scope::new(tenant, key);
             if self
                 .records
-                .get(&scope)
+                .get(&*scope)
                 .is_some_and(|e| e.expires_at <= now)
             {
                 self.remove(&scope);
@@ -130,10 +153,9 @@ impl State {
         let Some(gone) = self.records.remove(scope) else {
             return;
         };
-        let bytes = record_bytes(&gone.record);
-        self.bytes = self.bytes.saturating_sub(bytes);
+        self.bytes = self.bytes.saturating_sub(gone.bytes);
         if let Some(p) = self.partitions.get_mut(&scope.tenant) {
-            p.bytes = p.bytes.saturating_sub(bytes);
+            p.bytes = p.bytes.saturating_sub(gone.bytes);
             p.records = p.records.saturating_sub(1);
             if p.records == 0 {
                 self.partitions.remove(&scope.tenant);
@@ -157,32 +179,67 @@ impl State {
 
     /// When the earliest record of the whole window expires.
     fn frees_at(&self) -> Option<Millis> {
-        self.expiries.peek().map(|Reverse((at, _, _))| *at)
+        self.expiries.peek().map(|Due(at, _)| *at)
     }
 
     fn live(&mut self, scope: &Scope, now: Millis) -> Option<&mut Entry> {
         self.records.get_mut(scope).filter(|e| e.expires_at > now)
     }
 
-    fn put(&mut self, record: Record, expires_at: Millis) {
-        let scope = Scope::new(record.tenant.clone(), record.key.clone());
-        self.expiries.push(Reverse((
-            expires_at,
-            scope.tenant.clone(),
-            scope.key.clone(),
-        )));
+    /// The partition of `tenant`, made on its first record (the tenant is copied then
+    /// only).
+    fn partition(&mut self, tenant: &TenantId) -> &mut Partition {
+        if !self.partitions.contains_key(tenant) {
+            self.partitions.insert(tenant.clone(), Partition::default());
+        }
+        self.partitions.get_mut(tenant).expect("just inserted")
+    }
+
+    /// Holds a record for a scope that has none (an expired one not yet swept is
+    /// replaced).
+    fn insert(&mut self, record: Record, expires_at: Millis) {
+        let scope = Arc::new(Scope::new(record.tenant.clone(), record.key.clone()));
+        self.expiries.push(Due(expires_at, scope.clone()));
         let bytes = record_bytes(&record);
         self.bytes += bytes;
-        let p = self.partitions.entry(scope.tenant.clone()).or_default();
+        let p = self.partition(&scope.tenant);
         p.bytes += bytes;
         p.records += 1;
         p.expiries.push(Reverse(expires_at));
-        if let Some(old) = self.records.insert(scope, Entry { record, expires_at }) {
-            let old = record_bytes(&old.record);
-            self.bytes = self.bytes.saturating_sub(old);
-            p.bytes = p.bytes.saturating_sub(old);
+        let entry = Entry {
+            scope: scope.clone(),
+            record,
+            expires_at,
+            bytes,
+        };
+        if let Some(old) = self.records.insert(scope, entry) {
+            self.bytes = self.bytes.saturating_sub(old.bytes);
+            let p = self.partition(&old.scope.tenant);
+            p.bytes = p.bytes.saturating_sub(old.bytes);
             p.records -= 1;
         }
+    }
+
+    /// Changes the record held for `scope` in place (`change` must keep its tenant and
+    /// key) and gives it a new expiry.
+    fn rewrite(
+        &mut self,
+        scope: &Scope,
+        expires_at: Millis,
+        change: impl FnOnce(&mut Record),
+    ) -> Option<&Record> {
+        let entry = self.records.get_mut(scope)?;
+        change(&mut entry.record);
+        let (old, new) = (entry.bytes, record_bytes(&entry.record));
+        entry.bytes = new;
+        entry.expires_at = expires_at;
+        self.expiries.push(Due(expires_at, entry.scope.clone()));
+        self.bytes = self.bytes.saturating_sub(old) + new;
+        if let Some(p) = self.partitions.get_mut(&scope.tenant) {
+            p.bytes = p.bytes.saturating_sub(old) + new;
+            p.expiries.push(Reverse(expires_at));
+        }
+        self.records.get(scope).map(|e| &e.record)
     }
 }
 
@@ -293,31 +350,36 @@ impl IdempotencyStore for MemoryStore {
                 now,
             ));
         }
-        let (record, kind) = match st.live(&req.scope, now) {
-            None => (
-                idem_core::store::fresh_record(req, now, deadline),
-                ClaimKind::Fresh,
-            ),
+        let takeover = match st.live(&req.scope, now) {
+            None => None,
             Some(entry) => match verdict(entry.record.clone(), req, now) {
                 Verdict::Answer(claim) => return Ok(claim),
-                Verdict::TakeOver {
-                    existing: mut r,
-                    kind,
-                } => {
-                    r.state = RecordState::Processing;
-                    r.version += 1;
-                    r.attempts += 1;
-                    r.owner = Some(req.owner.clone());
-                    r.lease_expires_at = Some(deadline);
-                    r.result = None;
-                    r.completed_at = None;
-                    r.updated_at = now;
-                    (r, kind)
-                }
+                Verdict::TakeOver { existing, kind } => Some((existing, kind)),
             },
         };
-        let token = ClaimToken::of(req, record.version, deadline, record.attempts, kind);
-        st.put(record, deadline + self.window_ms);
+        let expires_at = deadline + self.window_ms;
+        let Some((mut r, kind)) = takeover else {
+            let record = idem_core::store::fresh_record(req, now, deadline);
+            let token = ClaimToken::of(
+                req,
+                record.version,
+                deadline,
+                record.attempts,
+                ClaimKind::Fresh,
+            );
+            st.insert(record, expires_at);
+            return Ok(Claim::Proceed(token));
+        };
+        r.state = RecordState::Processing;
+        r.version += 1;
+        r.attempts += 1;
+        r.owner = Some(req.owner.clone());
+        r.lease_expires_at = Some(deadline);
+        r.result = None;
+        r.completed_at = None;
+        r.updated_at = now;
+        let token = ClaimToken::of(req, r.version, deadline, r.attempts, kind);
+        st.rewrite(&req.scope, expires_at, |held| *held = r);
         Ok(Claim::Proceed(token))
     }
 
@@ -325,19 +387,18 @@ impl IdempotencyStore for MemoryStore {
         self.limits.check_finish(&finish)?;
         let now = self.now();
         let mut st = self.lock();
-        let entry = st
-            .live(&token.scope, now)
+        st.live(&token.scope, now)
             .filter(|e| current(&e.record, token))
             .ok_or_else(|| StoreError::superseded(token))?;
-        let mut r = entry.record.clone();
-        r.state = finish.state;
-        r.version += 1;
-        r.lease_expires_at = None;
-        r.result = finish.result;
-        r.updated_at = now;
-        r.completed_at = finish.state.is_terminal().then_some(now);
-        st.put(r.clone(), now + self.window_ms);
-        Ok(r)
+        let done = st.rewrite(&token.scope, now + self.window_ms, |r| {
+            r.state = finish.state;
+            r.version += 1;
+            r.lease_expires_at = None;
+            r.result = finish.result;
+            r.updated_at = now;
+            r.completed_at = finish.state.is_terminal().then_some(now);
+        });
+        Ok(done.expect("checked live above").clone())
     }
 
     async fn extend_lease(
@@ -348,14 +409,13 @@ impl IdempotencyStore for MemoryStore {
         let now = self.now();
         let deadline = now + lease_millis(lease)?;
         let mut st = self.lock();
-        let entry = st
-            .live(&token.scope, now)
+        st.live(&token.scope, now)
             .filter(|e| current(&e.record, token))
             .ok_or_else(|| StoreError::superseded(token))?;
-        let mut r = entry.record.clone();
-        r.lease_expires_at = Some(deadline);
-        r.updated_at = now;
-        st.put(r, deadline + self.window_ms);
+        st.rewrite(&token.scope, deadline + self.window_ms, |r| {
+            r.lease_expires_at = Some(deadline);
+            r.updated_at = now;
+        });
         Ok(deadline)
     }
 
@@ -399,7 +459,7 @@ fn current(record: &Record, token: &ClaimToken) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::{Fingerprint, OwnerId, Principal, StoredResult};
+    use idem_core::{Fingerprint, IdempotencyKey, OwnerId, Principal, StoredResult};
 
     fn req(k: &str) -> ClaimRequest {
         ClaimRequest {
@@ -561,6 +621,50 @@ mod tests {
             store.claim(&req_of("greedy", "after")).await.unwrap(),
             Claim::Proceed(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn rewrites_in_place_keep_the_byte_count() {
+        let clock = ClockShift::new();
+        let store = MemoryStore::new(MemoryOptions {
+            window: Duration::from_secs(60),
+            clock: clock.clone(),
+            ..MemoryOptions::default()
+        });
+        let r = req("k");
+        let Claim::Proceed(tok) = store.claim(&r).await.unwrap() else {
+            panic!()
+        };
+        let claimed = store.bytes();
+        store
+            .extend_lease(&tok, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(store.bytes(), claimed);
+        let result = StoredResult {
+            status: 201,
+            body: vec![b'x'; 1000],
+            ..StoredResult::default()
+        };
+        let done = store.complete(&tok, result).await.unwrap();
+        assert_eq!(store.bytes(), record_bytes(&done));
+        assert_eq!(store.get(&r.scope).await.unwrap(), Some(done));
+        // A takeover of a retryable failure rewrites the same entry.
+        let Claim::Proceed(tok) = store.claim(&req("f")).await.unwrap() else {
+            panic!()
+        };
+        store.fail(&tok, true, None).await.unwrap();
+        let Claim::Proceed(again) = store.claim(&req("f")).await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(again.kind, ClaimKind::RetryAfterFailure);
+        assert_eq!(store.len(), 2);
+        // Every record expires within the window of its last write (finish, or the
+        // takeover's lease): the sweep leaves nothing counted.
+        clock.advance(Duration::from_secs(62));
+        assert!(!store.is_full());
+        assert_eq!(store.bytes(), 0);
+        assert!(store.is_empty());
     }
 
     #[tokio::test]

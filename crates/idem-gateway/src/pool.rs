@@ -167,7 +167,10 @@ impl Pool {
             };
             let mut sender = match pooled {
                 Some(s) => s,
-                None => self.connect().await.map_err(SendError::NotSent)?,
+                // Boxed: connecting (TCP, TLS, handshake) is a large state machine that
+                // every request's future would otherwise carry, and copy on each move,
+                // for the rare request that needs a new connection.
+                None => Box::pin(self.connect()).await.map_err(SendError::NotSent)?,
             };
             if sender.ready().await.is_err() {
                 continue;

@@ -44,25 +44,40 @@ pub(crate) fn millis_u64(d: Duration) -> u64 {
 /// Percent-escapes `%`, `{`, `}` and `:` (see the module docs, *Layout*).
 pub fn encode_component(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            ':' => out.push_str("%3A"),
-            c => out.push(c),
-        }
-    }
+    push_encoded(&mut out, s);
     out
 }
 
-/// `<prefix>:r:{<enc(tenant)>:<enc(key)>}`.
+/// Appends `s` escaped as [`encode_component`] does; runs of plain bytes are copied
+/// at once.
+fn push_encoded(out: &mut String, s: &str) {
+    let mut plain = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escaped = match b {
+            b'%' => "%25",
+            b'{' => "%7B",
+            b'}' => "%7D",
+            b':' => "%3A",
+            _ => continue,
+        };
+        out.push_str(&s[plain..i]);
+        out.push_str(escaped);
+        plain = i + 1;
+    }
+    out.push_str(&s[plain..]);
+}
+
+/// `<prefix>:r:{<enc(tenant)>:<enc(key)>}`, in one allocation.
 pub fn record_key(prefix: &str, scope: &Scope) -> String {
-    format!(
-        "{prefix}:r:{{{}:{}}}",
-        encode_component(scope.tenant.as_str()),
-        encode_component(scope.key.as_str())
-    )
+    let (tenant, key) = (scope.tenant.as_str(), scope.key.as_str());
+    let mut out = String::with_capacity(prefix.len() + tenant.len() + key.len() + 8);
+    out.push_str(prefix);
+    out.push_str(":r:{");
+    push_encoded(&mut out, tenant);
+    out.push(':');
+    push_encoded(&mut out, key);
+    out.push('}');
+    out
 }
 
 #[cfg(test)]

@@ -26,12 +26,79 @@ pub struct BenchArgs {
 
 #[derive(clap::Subcommand)]
 enum BenchCommand {
+    /// Instructions per keyed request of the gateway or of an app behind the HTTP layer,
+    /// counted by valgrind's callgrind (the server runs under valgrind, the client and
+    /// upstream outside it; an idle run's start-up and shutdown are subtracted).
+    Callgrind {
+        /// What serves the requests.
+        #[arg(long, value_parser = ["gateway", "layer"], default_value = "gateway")]
+        target: String,
+        /// `fresh` keys, or `replay`s of keys executed before counting.
+        #[arg(long, value_parser = ["fresh", "replay"], default_value = "fresh")]
+        workload: String,
+        /// Keyed requests counted.
+        #[arg(long, default_value_t = 2_000)]
+        requests: usize,
+        /// Keep-alive connections they are spread over.
+        #[arg(long, default_value_t = 4)]
+        connections: usize,
+        /// The gateway's window or the layer's store in this Redis (default: memory).
+        #[arg(long)]
+        redis_url: Option<String>,
+        /// Keep callgrind's files in this directory (for callgrind_annotate).
+        #[arg(long)]
+        out_dir: Option<std::path::PathBuf>,
+        /// Functions to list by inclusive cost.
+        #[arg(long, default_value_t = 25)]
+        top: usize,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Single-caller replays through idem's Redis store against AWS Lambda Powertools'
+    /// idempotency utility (Python, its Redis persistence layer; a virtualenv of pinned
+    /// versions made on first use) on the same Redis, alternating.
+    Powertools {
+        /// The Redis both sides use (a key prefix of their own, removed afterwards).
+        #[arg(long, default_value = "redis://127.0.0.1:6379")]
+        redis_url: String,
+        /// Seconds per turn.
+        #[arg(long, default_value_t = 3.0)]
+        phase: f64,
+        /// Turns per side.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Print the result as JSON (a failure as an `error` object).
+        #[arg(long)]
+        json: bool,
+    },
+    /// The server `bench callgrind` runs under valgrind; stops when stdin ends.
+    #[command(hide = true)]
+    CallgrindServe {
+        #[arg(long)]
+        target: String,
+        #[arg(long)]
+        upstream: std::net::SocketAddr,
+        #[arg(long)]
+        redis_url: Option<String>,
+        #[arg(long)]
+        prefix: String,
+    },
     /// Requests per second through the gateway against the upstream directly and nginx
     /// proxy_pass, plus a duplicate storm that must cost one upstream call.
     Gateway {
         /// Share the window through this Redis during the keyed scenarios.
         #[arg(long)]
         redis_url: Option<String>,
+        /// Scenarios: pass (key-less), keyed (fresh keys), hot (replays of hot keys).
+        #[arg(long, value_delimiter = ',', default_values_t = ["pass".to_string(), "keyed".to_string(), "hot".to_string()])]
+        scenarios: Vec<String>,
+        /// Rounds of (direct, nginx, gateway) per scenario.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Milliseconds per target per round.
+        #[arg(long, default_value_t = 2_000)]
+        phase_ms: u64,
         /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
@@ -136,6 +203,63 @@ enum BenchCommand {
 /// (`http` and `orders` use a temporary SQLite file otherwise).
 pub async fn run(url: &str, explicit_url: Option<String>, args: BenchArgs) -> CliResult {
     match args.command {
+        BenchCommand::Callgrind {
+            target,
+            workload,
+            requests,
+            connections,
+            redis_url,
+            out_dir,
+            top,
+            json,
+        } => {
+            use idem_bench::callgrind::{CallgrindOptions, Target, Workload};
+            let exe = std::env::current_exe()
+                .map_err(|e| CliError::backend(format!("this binary's path: {e}")))?;
+            let report = idem_bench::callgrind::measure(CallgrindOptions {
+                target: Target::parse(&target).expect("clap checked it"),
+                workload: Workload::parse(&workload).expect("clap checked it"),
+                requests,
+                connections,
+                redis_url,
+                exe,
+                out_dir,
+                top,
+            })
+            .await
+            .map_err(backend)?;
+            show(&report, json, |r| print!("{}", r.to_text()))
+        }
+        BenchCommand::Powertools {
+            redis_url,
+            phase,
+            rounds,
+            json,
+        } => {
+            let phase = load_shape(phase, rounds, "--phase and --rounds")?;
+            let report = idem_bench::powertools::bench(idem_bench::powertools::PowertoolsOptions {
+                redis_url,
+                phase,
+                rounds,
+                script: None,
+            })
+            .await
+            .map_err(backend)?;
+            show(&report, json, |r| print!("{}", r.to_text()))
+        }
+        BenchCommand::CallgrindServe {
+            target,
+            upstream,
+            redis_url,
+            prefix,
+        } => {
+            let target = idem_bench::callgrind::Target::parse(&target)
+                .ok_or_else(|| CliError::invalid("--target is gateway or layer"))?;
+            idem_bench::callgrind::serve(target, upstream, redis_url, prefix)
+                .await
+                .map_err(backend)?;
+            Ok(ExitCode::SUCCESS)
+        }
         BenchCommand::Store {
             concurrency,
             duration,
@@ -187,9 +311,18 @@ pub async fn run(url: &str, explicit_url: Option<String>, args: BenchArgs) -> Cl
             .map_err(backend)?;
             show(&report, json, idem_bench::orders::print_human)
         }
-        BenchCommand::Gateway { redis_url, json } => {
+        BenchCommand::Gateway {
+            redis_url,
+            scenarios,
+            rounds,
+            phase_ms,
+            json,
+        } => {
             let report = idem_bench::gateway::bench(idem_bench::gateway::BenchOptions {
                 redis_url,
+                scenarios,
+                rounds,
+                phase_ms,
                 ..Default::default()
             })
             .await

@@ -1,0 +1,520 @@
+//! `idem bench callgrind`: instructions per keyed request, counted by valgrind's callgrind.
+//!
+//! The server under test — the gateway, or an axum app behind the HTTP layer — runs as a
+//! child `idem bench callgrind-serve` under `valgrind --tool=callgrind`; the upstream
+//! (`idem-stub`) and the client run in this process, outside valgrind. Each measurement
+//! is two runs of the child: an idle one (start, the seeding a workload needs, stop) and
+//! one that also serves `requests` keyed requests; instructions per request are the
+//! difference over `requests`, so start-up and shutdown cancel out. Workloads: fresh keys
+//! (every request claims, forwards or executes, and finishes) and replays (a few keys
+//! executed once, then answered from the window or store).
+//!
+//! Owns the child's command line and the reading of callgrind's totals. It must not
+//! change what the server under test is configured with beyond what the bench uses.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
+use http::{Method, Request};
+use http_body_util::Full;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+use crate::client::{background, connect, send_one};
+use crate::gateway::{bench_config, keyed_request, BenchError, TENANT_HEADER};
+use idem_core::{IdempotencyStore, Principal, TenantId};
+use idem_http::{BearerTokens, IdempotencyLayer, Identity};
+
+/// Hot keys of the replay workload, executed once before the counted requests.
+const REPLAY_KEYS: usize = 8;
+/// The line the child prints once it listens.
+const LISTENING: &str = "listening ";
+
+/// What serves the counted requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// The gateway in front of `idem-stub`.
+    Gateway,
+    /// An axum app behind `IdempotencyLayer`.
+    Layer,
+}
+
+impl Target {
+    pub fn parse(s: &str) -> Option<Target> {
+        match s {
+            "gateway" => Some(Target::Gateway),
+            "layer" => Some(Target::Layer),
+            _ => None,
+        }
+    }
+
+    fn slug(self) -> &'static str {
+        match self {
+            Target::Gateway => "gateway",
+            Target::Layer => "layer",
+        }
+    }
+}
+
+/// Which keyed requests are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// A new key every request.
+    Fresh,
+    /// A few keys executed before counting, then repeated: replays.
+    Replay,
+}
+
+impl Workload {
+    pub fn parse(s: &str) -> Option<Workload> {
+        match s {
+            "fresh" => Some(Workload::Fresh),
+            "replay" => Some(Workload::Replay),
+            _ => None,
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct CallgrindOptions {
+    pub target: Target,
+    pub workload: Workload,
+    /// Keyed requests counted.
+    pub requests: usize,
+    /// Keep-alive connections they are spread over.
+    pub connections: usize,
+    /// The window (gateway) or store (layer) in this Redis; in memory when `None`.
+    pub redis_url: Option<String>,
+    /// The `idem` binary the child runs (normally this one).
+    pub exe: PathBuf,
+    /// Where callgrind's output files are kept; a temporary directory when `None`.
+    pub out_dir: Option<PathBuf>,
+    /// Functions listed by inclusive cost.
+    pub top: usize,
+}
+
+/// The result of [`measure`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CallgrindReport {
+    pub target: Target,
+    pub workload: Workload,
+    /// `memory` or `redis`.
+    pub store: String,
+    pub requests: usize,
+    pub connections: usize,
+    /// Instructions of the idle run (start, seeding, stop).
+    pub idle_instructions: u64,
+    /// Instructions of the run that also served `requests`.
+    pub loaded_instructions: u64,
+    /// (loaded − idle) / requests.
+    pub instructions_per_request: f64,
+    /// The loaded run's callgrind file (when kept).
+    pub out_file: Option<String>,
+    /// `callgrind_annotate --inclusive=yes` of the loaded run: the costliest functions.
+    pub top_inclusive: Vec<String>,
+}
+
+impl CallgrindReport {
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "idem bench callgrind: {} {} keys, store {}, {} requests over {} connections\n\
+             instructions: idle run {}, loaded run {}, per request {:.0}\n",
+            self.target.slug(),
+            match self.workload {
+                Workload::Fresh => "fresh",
+                Workload::Replay => "replayed",
+            },
+            self.store,
+            self.requests,
+            self.connections,
+            self.idle_instructions,
+            self.loaded_instructions,
+            self.instructions_per_request,
+        );
+        if let Some(f) = &self.out_file {
+            s.push_str(&format!("callgrind file: {f}\n"));
+        }
+        if !self.top_inclusive.is_empty() {
+            s.push_str("top inclusive costs (loaded run):\n");
+            for line in &self.top_inclusive {
+                s.push_str(&format!("  {line}\n"));
+            }
+        }
+        s
+    }
+}
+
+/// Runs the idle and the loaded child and reports instructions per request.
+pub async fn measure(options: CallgrindOptions) -> Result<CallgrindReport, BenchError> {
+    let valgrind = find_on_path("valgrind")
+        .ok_or_else(|| BenchError::Setup("valgrind not found on PATH".into()))?;
+    let requests = options.requests.max(1);
+    let connections = options.connections.clamp(1, requests);
+    let tmp = tempfile::tempdir()?;
+    let dir = options
+        .out_dir
+        .clone()
+        .unwrap_or_else(|| tmp.path().to_path_buf());
+    std::fs::create_dir_all(&dir)?;
+
+    let (upstream, _upstream_rt) = background("idem-bench-upstream", || async {
+        let stub = idem_stub::Stub::start(TENANT_HEADER)
+            .await
+            .map_err(|e| BenchError::Setup(format!("upstream: {e}")))?;
+        Ok((stub.addr, stub))
+    })
+    .await?;
+
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    let prefix = format!("idem-bench-cg-{run}");
+    let child = Child {
+        valgrind,
+        options: &options,
+        upstream,
+        prefix: &prefix,
+    };
+    let label = format!(
+        "{}-{}",
+        options.target.slug(),
+        if options.workload == Workload::Fresh {
+            "fresh"
+        } else {
+            "replay"
+        }
+    );
+    let idle_file = dir.join(format!("callgrind.{label}-idle.out"));
+    let loaded_file = dir.join(format!("callgrind.{label}-loaded.out"));
+    let measured = async {
+        let idle = child.run(&idle_file, 0, connections, &run).await?;
+        let loaded = child.run(&loaded_file, requests, connections, &run).await?;
+        Ok::<_, BenchError>((idle, loaded))
+    }
+    .await;
+    if let Some(url) = &options.redis_url {
+        if let Err(e) = crate::cleanup::unlink_prefix_at(url, &prefix).await {
+            tracing::warn!(error = %e, %prefix, "bench: removing the run's keys from Redis failed");
+        }
+    }
+    let (idle, loaded) = measured?;
+    let top_inclusive = annotate(&loaded_file, options.top).await;
+    Ok(CallgrindReport {
+        target: options.target,
+        workload: options.workload,
+        store: if options.redis_url.is_some() {
+            "redis"
+        } else {
+            "memory"
+        }
+        .into(),
+        requests,
+        connections,
+        idle_instructions: idle,
+        loaded_instructions: loaded,
+        instructions_per_request: loaded.saturating_sub(idle) as f64 / requests as f64,
+        out_file: options
+            .out_dir
+            .as_ref()
+            .map(|_| loaded_file.display().to_string()),
+        top_inclusive,
+    })
+}
+
+/// How the child is started.
+struct Child<'a> {
+    valgrind: PathBuf,
+    options: &'a CallgrindOptions,
+    upstream: SocketAddr,
+    prefix: &'a str,
+}
+
+impl Child<'_> {
+    /// One run under callgrind: start, seed, `requests` keyed requests, stop. Returns the
+    /// instructions callgrind counted.
+    async fn run(
+        &self,
+        out: &Path,
+        requests: usize,
+        connections: usize,
+        run: &str,
+    ) -> Result<u64, BenchError> {
+        let o = self.options;
+        let mut cmd = tokio::process::Command::new(&self.valgrind);
+        cmd.arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(&o.exe)
+            .args(["bench", "callgrind-serve", "--target", o.target.slug()])
+            .arg("--upstream")
+            .arg(self.upstream.to_string())
+            .arg("--prefix")
+            .arg(self.prefix);
+        if let Some(url) = &o.redis_url {
+            cmd.arg("--redis-url").arg(url);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let errors = tokio::spawn(async move {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s).await;
+            s
+        });
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(300), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(a) = line.strip_prefix(LISTENING) {
+                    return a.trim().parse::<SocketAddr>().ok();
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(addr) = addr else {
+            let _ = child.start_kill();
+            let log = errors.await.unwrap_or_default();
+            return Err(BenchError::Setup(format!(
+                "the child under valgrind did not start: {}",
+                tail(&log)
+            )));
+        };
+        let sent = self.send(addr, requests, connections, run).await;
+        // End of stdin is the child's signal to stop.
+        drop(child.stdin.take());
+        let status = tokio::time::timeout(Duration::from_secs(300), child.wait())
+            .await
+            .map_err(|_| BenchError::Setup("the child under valgrind did not stop".into()))??;
+        let log = errors.await.unwrap_or_default();
+        sent?;
+        if !status.success() {
+            return Err(BenchError::Setup(format!(
+                "the child under valgrind failed ({status}): {}",
+                tail(&log)
+            )));
+        }
+        totals(&std::fs::read_to_string(out)?)
+            .ok_or_else(|| BenchError::Setup(format!("no totals in {}", out.display())))
+    }
+
+    /// The workload's seeding, then `requests` keyed requests spread over `connections`.
+    async fn send(
+        &self,
+        addr: SocketAddr,
+        requests: usize,
+        connections: usize,
+        run: &str,
+    ) -> Result<(), BenchError> {
+        let target = self.options.target;
+        let workload = self.options.workload;
+        if workload == Workload::Replay {
+            let mut conn = connect(addr)
+                .await
+                .ok_or_else(|| BenchError::Setup("cannot connect".into()))?;
+            for k in 0..REPLAY_KEYS {
+                expect_ok(
+                    send_one(&mut conn, request(target, addr, &format!("hot-{run}-{k}"))).await,
+                )?;
+            }
+        }
+        let mut tasks = Vec::with_capacity(connections);
+        for c in 0..connections {
+            let share = requests / connections + usize::from(c < requests % connections);
+            let run = run.to_string();
+            tasks.push(tokio::spawn(async move {
+                if share == 0 {
+                    return Ok(());
+                }
+                let mut conn = connect(addr)
+                    .await
+                    .ok_or_else(|| BenchError::Setup("cannot connect".into()))?;
+                for i in 0..share {
+                    let key = match workload {
+                        Workload::Fresh => format!("fresh-{run}-{c}-{i}"),
+                        Workload::Replay => format!("hot-{run}-{}", (c + i) % REPLAY_KEYS),
+                    };
+                    expect_ok(send_one(&mut conn, request(target, addr, &key)).await)?;
+                }
+                Ok::<_, BenchError>(())
+            }));
+        }
+        for t in tasks {
+            t.await
+                .map_err(|e| BenchError::Setup(format!("client task: {e}")))??;
+        }
+        Ok(())
+    }
+}
+
+fn expect_ok(answer: Option<(u16, Bytes)>) -> Result<(), BenchError> {
+    match answer {
+        Some((status, _)) if (200..300).contains(&status) => Ok(()),
+        Some((status, body)) => Err(BenchError::Setup(format!(
+            "answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        ))),
+        None => Err(BenchError::Setup("the connection failed".into())),
+    }
+}
+
+fn request(target: Target, addr: SocketAddr, key: &str) -> Request<Full<Bytes>> {
+    match target {
+        Target::Gateway => keyed_request(addr, key),
+        Target::Layer => Request::builder()
+            .method(Method::POST)
+            .uri("/v1/orders")
+            .header(
+                HOST,
+                HeaderValue::from_str(&addr.to_string()).expect("address"),
+            )
+            .header(CONTENT_TYPE, "application/json")
+            .header(AUTHORIZATION, format!("Bearer {}", crate::http::TOKEN))
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(crate::http::BODY.as_bytes())))
+            .expect("request"),
+    }
+}
+
+/// The child: serves `target` until its stdin ends, after printing `listening <addr>`.
+pub async fn serve(
+    target: Target,
+    upstream: SocketAddr,
+    redis_url: Option<String>,
+    prefix: String,
+) -> Result<(), BenchError> {
+    let (addr, server) = match target {
+        Target::Gateway => {
+            let config = bench_config(upstream, redis_url, &prefix);
+            background("idem-bench-gateway", move || async move {
+                let gw = idem_gateway::start(config).await?;
+                Ok((gw.addr, gw))
+            })
+            .await?
+        }
+        Target::Layer => {
+            let store = layer_store(redis_url, prefix).await?;
+            background("idem-bench-layer", move || async move {
+                let tenant = TenantId::new("bench").expect("tenant");
+                let principal = Principal::new("bench").expect("principal");
+                let auth =
+                    BearerTokens::new().with(crate::http::TOKEN, Identity::new(tenant, principal));
+                let app = Router::new()
+                    .route("/v1/orders", post(crate::http::create_order))
+                    .layer(IdempotencyLayer::from_arcs(store, Arc::new(auth)));
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let addr = listener.local_addr()?;
+                let server = tokio::spawn(async move {
+                    let _ = axum::serve(listener, app).await;
+                });
+                Ok((addr, AbortOnDrop(server)))
+            })
+            .await?
+        }
+    };
+    println!("{LISTENING}{addr}");
+    // Stop when the parent closes stdin.
+    let mut sink = Vec::new();
+    let _ = tokio::io::stdin().read_to_end(&mut sink).await;
+    drop(server);
+    Ok(())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn layer_store(
+    redis_url: Option<String>,
+    prefix: String,
+) -> Result<Arc<dyn IdempotencyStore>, BenchError> {
+    match redis_url {
+        None => Ok(Arc::new(idem_gateway::MemoryStore::new(
+            idem_gateway::MemoryOptions::default(),
+        ))),
+        Some(url) => {
+            let mut open = idem_sql::OpenOptions::default();
+            open.redis_prefix = Some(prefix);
+            let store = idem_sql::Store::open(&url, &open)
+                .await
+                .map_err(|e| BenchError::Setup(format!("opening {url}: {e}")))?;
+            Ok(store.records())
+        }
+    }
+}
+
+/// callgrind's event total: the `totals:` line (or `summary:`) of its output file.
+fn totals(out: &str) -> Option<u64> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("totals:"))
+        .or_else(|| out.lines().find(|l| l.starts_with("summary:")))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The costliest functions by inclusive instructions, as `callgrind_annotate` lists them.
+async fn annotate(file: &Path, top: usize) -> Vec<String> {
+    if top == 0 {
+        return Vec::new();
+    }
+    let Ok(out) = tokio::process::Command::new("callgrind_annotate")
+        .arg("--inclusive=yes")
+        .arg(file)
+        .output()
+        .await
+    else {
+        return vec!["callgrind_annotate did not run".into()];
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .skip_while(|l| !l.contains("file:function"))
+        .skip(1)
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("--"))
+        .take(top)
+        .map(str::to_string)
+        .collect()
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The last lines of a child's log, for an error message.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_are_read_from_callgrind_output() {
+        let out = "version: 1\ncmd: idem\nevents: Ir\nfn=(1) main\n1 5\nsummary: 123456\ntotals: 123456\n";
+        assert_eq!(totals(out), Some(123456));
+        assert_eq!(totals("events: Ir\nsummary: 42\n"), Some(42));
+        assert_eq!(totals("events: Ir\n"), None);
+    }
+}
