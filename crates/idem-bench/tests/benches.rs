@@ -24,6 +24,7 @@ async fn http_bench_smoke() {
         names,
         [
             "store_claim_complete",
+            "store_replay",
             "plain",
             "layer_fresh_keys",
             "layer_replay_hits",
@@ -125,7 +126,8 @@ async fn gateway_bench_smoke() {
     })
     .await
     .unwrap();
-    assert_eq!(report.scenarios.len(), 2);
+    let names: Vec<&str> = report.scenarios.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names.len(), 3, "{names:?}");
     for s in &report.scenarios {
         for t in &s.targets {
             assert!(t.requests > 0, "{}: {} made no requests", s.name, t.target);
