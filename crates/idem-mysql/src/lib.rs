@@ -47,7 +47,9 @@
 //! (MariaDB, and MySQL only from 8.0.29), `ascii_bin` / `utf8mb4_bin` collations (the
 //! `utf8mb4_0900_*` ones are MySQL-only), `MEDIUMTEXT` for stored headers (MySQL's
 //! binary `JSON` type is MariaDB's `LONGTEXT`). With binary logging on, creating the
-//! lease triggers needs `SUPER` or `log_bin_trust_function_creators = 1` on both.
+//! lease triggers needs `SUPER` or `log_bin_trust_function_creators = 1` on both, and
+//! the in-place release, which reads the clock after its row lock (`SYSDATE`), is logged
+//! by row (`binlog_format` `MIXED` or `ROW`).
 //!
 //! # What it must not do
 //! - Read time from the caller: every deadline comes from the server clock
@@ -59,6 +61,7 @@
 mod error;
 mod kept;
 mod lease;
+mod lease_cycle;
 mod migrate;
 mod retention;
 mod row;
@@ -219,6 +222,8 @@ pub struct MysqlStore {
     limits: StoreLimits,
     clock: ClockShift,
     recent: Arc<RecentKeys>,
+    /// The leases this store granted or ended, for the one-statement cycle.
+    held: Arc<lease_cycle::Held>,
     sql: Arc<Statements>,
     reruns: Arc<AtomicU64>,
     retries: Arc<AtomicU64>,
@@ -273,6 +278,7 @@ impl MysqlStore {
             limits: options.limits,
             clock: options.clock,
             recent: Arc::new(RecentKeys::new(options.recent_capacity)),
+            held: Arc::default(),
             sql: Arc::new(Statements::new()),
             reruns: Arc::new(AtomicU64::new(0)),
             retries: Arc::new(AtomicU64::new(0)),

@@ -70,6 +70,16 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "idem_lease_procedures",
         statements: crate::lease::PROCEDURES,
     },
+    Migration {
+        version: 8,
+        name: "idem_leases_in_place",
+        statements: crate::lease::IN_PLACE,
+    },
+    Migration {
+        version: 9,
+        name: "idem_procedures_leaner",
+        statements: crate::procedures::LEANER,
+    },
 ];
 
 /// Times are epoch milliseconds (BIGINT) from the server clock, as in the other stores.

@@ -47,6 +47,18 @@ pub(crate) const MIGRATION: &[&str] = &[
     include_str!("../sql/idem_heartbeat.sql"),
 ];
 
+/// Migration 9: `idem_claim` and `idem_finish` again, cheaper on the server (their checks
+/// inline instead of nested calls, one set of variables for the record read and the
+/// answer, the finish answering from the row it changed instead of reading it into
+/// variables first). Migration 5 installs the same texts (a fresh database runs both);
+/// this is what moves an existing one on.
+pub(crate) const LEANER: &[&str] = &[
+    "DROP PROCEDURE IF EXISTS idem_claim",
+    include_str!("../sql/idem_claim.sql"),
+    "DROP PROCEDURE IF EXISTS idem_finish",
+    include_str!("../sql/idem_finish.sql"),
+];
+
 /// SQLSTATE of a bad argument (key, tenant, owner, principal, fingerprint, lease,
 /// outcome, status, headers, reference).
 pub const SQLSTATE_INVALID_ARGUMENT: &str = "ID001";
@@ -326,7 +338,7 @@ mod tests {
 
     #[test]
     fn every_procedure_is_dropped_before_it_is_created() {
-        for pair in MIGRATION.chunks(2) {
+        for pair in MIGRATION.chunks(2).chain(LEANER.chunks(2)) {
             let name = pair[0]
                 .strip_prefix("DROP PROCEDURE IF EXISTS ")
                 .expect("a drop first");
