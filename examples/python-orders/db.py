@@ -70,10 +70,8 @@ class Postgres:
 
     @contextlib.contextmanager
     def transaction(self):
-        """A connection in a transaction: committed on a normal exit, else rolled back.
-        In pipeline mode: BEGIN goes with the first statement, and a statement whose
-        answer is not read (the finish) goes with the COMMIT."""
-        with self.pool.conn() as conn, conn.pipeline(), conn.transaction():
+        """A connection in a transaction: committed on a normal exit, else rolled back."""
+        with self.pool.conn() as conn, conn.transaction():
             yield conn
 
     def claim(self, conn, *args):

@@ -43,26 +43,12 @@ BEGIN
     -- ER_DUP_ENTRY: the key has a record (after waiting for an uncommitted one).
     DECLARE CONTINUE HANDLER FOR 1062 SET v_dup = 1;
 
-    SET @idem_clock_shift_ms = NULL;
-    -- The rules of idem_core's names: visible ASCII (0x21..0x7E; one byte per character
-    -- rules out the rest of UTF-8), at most 128 bytes (255 for a key, which has no ','
-    -- or ';'). Inline: a nested CALL costs more than the checks.
-    IF p_tenant IS NULL OR OCTET_LENGTH(p_tenant) NOT BETWEEN 1 AND 128
-       OR CHAR_LENGTH(p_tenant) <> OCTET_LENGTH(p_tenant) OR p_tenant NOT REGEXP '^[!-~]+$' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: tenant must be 1 to 128 visible ASCII characters';
+    -- Cleared only when set: a SET of a user variable is a statement of its own, an IF
+    -- is not.
+    IF @idem_clock_shift_ms IS NOT NULL THEN
+        SET @idem_clock_shift_ms = NULL;
     END IF;
-    IF p_key IS NULL OR OCTET_LENGTH(p_key) NOT BETWEEN 1 AND 255
-       -- The class is 0x21..0x7E without ',' (0x2C) and ';' (0x3B).
-       OR CHAR_LENGTH(p_key) <> OCTET_LENGTH(p_key) OR p_key NOT REGEXP '^[!-+--:<-~]+$' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: key must be 1 to 255 visible ASCII characters other than , and ;';
-    END IF;
-    IF p_owner IS NULL OR OCTET_LENGTH(p_owner) NOT BETWEEN 1 AND 128
-       OR CHAR_LENGTH(p_owner) <> OCTET_LENGTH(p_owner) OR p_owner NOT REGEXP '^[!-~]+$' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: owner must be 1 to 128 visible ASCII characters';
-    END IF;
+    CALL idem_check_names(p_tenant, p_key, p_owner);
     IF p_principal IS NULL OR OCTET_LENGTH(p_principal) NOT BETWEEN 1 AND 128
        OR CHAR_LENGTH(p_principal) <> OCTET_LENGTH(p_principal)
        OR p_principal NOT REGEXP '^[!-~]+$' THEN
@@ -72,11 +58,7 @@ BEGIN
     IF p_fingerprint IS NULL OR OCTET_LENGTH(p_fingerprint) <> 32 THEN
         SIGNAL SQLSTATE 'ID001' SET MESSAGE_TEXT = 'idem: fingerprint must be 32 bytes (SHA-256)';
     END IF;
-    -- idem_core::MAX_LEASE: 24 hours.
-    IF p_lease_ms IS NULL OR p_lease_ms < 1 OR p_lease_ms > 86400000 THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: lease must be between 1 ms and 86400000 ms';
-    END IF;
+    CALL idem_check_lease(p_lease_ms);
     SET v_tenant = p_tenant, v_key = p_key, v_principal = p_principal, v_owner = p_owner;
 
     claim: LOOP

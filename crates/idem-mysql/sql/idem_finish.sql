@@ -29,24 +29,12 @@ BEGIN
     DECLARE v_message VARCHAR(128);
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 
-    SET @idem_clock_shift_ms = NULL;
-    -- idem_claim's name checks (inline: a nested CALL costs more than the checks).
-    IF p_tenant IS NULL OR OCTET_LENGTH(p_tenant) NOT BETWEEN 1 AND 128
-       OR CHAR_LENGTH(p_tenant) <> OCTET_LENGTH(p_tenant) OR p_tenant NOT REGEXP '^[!-~]+$' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: tenant must be 1 to 128 visible ASCII characters';
+    -- Cleared only when set: a SET of a user variable is a statement of its own, an IF
+    -- is not.
+    IF @idem_clock_shift_ms IS NOT NULL THEN
+        SET @idem_clock_shift_ms = NULL;
     END IF;
-    IF p_key IS NULL OR OCTET_LENGTH(p_key) NOT BETWEEN 1 AND 255
-       -- The class is 0x21..0x7E without ',' (0x2C) and ';' (0x3B).
-       OR CHAR_LENGTH(p_key) <> OCTET_LENGTH(p_key) OR p_key NOT REGEXP '^[!-+--:<-~]+$' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: key must be 1 to 255 visible ASCII characters other than , and ;';
-    END IF;
-    IF p_owner IS NULL OR OCTET_LENGTH(p_owner) NOT BETWEEN 1 AND 128
-       OR CHAR_LENGTH(p_owner) <> OCTET_LENGTH(p_owner) OR p_owner NOT REGEXP '^[!-~]+$' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: owner must be 1 to 128 visible ASCII characters';
-    END IF;
+    CALL idem_check_names(p_tenant, p_key, p_owner);
     SET v_target = CASE p_outcome WHEN 'succeeded' THEN 'SUCCEEDED'
                                   WHEN 'terminal' THEN 'FAILED_TERMINAL'
                                   WHEN 'retryable' THEN 'FAILED_RETRYABLE' END;

@@ -47,11 +47,12 @@ pub(crate) const MIGRATION: &[&str] = &[
     include_str!("../sql/idem_heartbeat.sql"),
 ];
 
-/// Migration 9: `idem_claim` and `idem_finish` again, cheaper on the server (their checks
-/// inline instead of nested calls, one set of variables for the record read and the
-/// answer, the finish answering from the row it changed instead of reading it into
-/// variables first). Migration 5 installs the same texts (a fresh database runs both);
-/// this is what moves an existing one on.
+/// Migration 9: `idem_claim` and `idem_finish` again, cheaper on the server: one set of
+/// variables for the record read and the answer, the test clock shift cleared only when
+/// set (a `SET` of a user variable is a statement of its own), and the finish answering
+/// from the row it changed instead of reading it into variables first. Migration 5
+/// installs the same texts (a fresh database runs both); this is what moves an existing
+/// one on.
 pub(crate) const LEANER: &[&str] = &[
     "DROP PROCEDURE IF EXISTS idem_claim",
     include_str!("../sql/idem_claim.sql"),
