@@ -34,6 +34,9 @@
 //! counter's (which keeps a deleted row's token) or the row's, whichever is higher, + 1
 //! on the locked path.
 //!
+//! Upgrade every process using a database together: an idem older than migration 8
+//! reads an ended row (no owner) as a lease it cannot decode, and refuses the change.
+//!
 //! It must not invent lease rules: `idem_core::lease` states them, `idem_store_kit::row`
 //! orders the locked changes, and `idem-conformance::lease` checks them.
 
