@@ -812,12 +812,20 @@ pub async fn serve(
         .unwrap_or_else(|| DEFAULT_URL.to_owned());
     let nats = config.nats_url.clone();
     let server = bind(config).await?;
-    println!("idem orders listening on {}", server.url());
-    if let Some(at) = server.metrics_addr() {
-        println!("  metrics: {}://{at}/metrics", server.scheme());
+    // A closed stdout (the parent stopped reading) must not take the server down: the
+    // banner is best effort, unlike `println!`, which panics on a broken pipe.
+    macro_rules! say {
+        ($($arg:tt)*) => {{
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stdout(), $($arg)*);
+        }};
     }
-    println!("  database: {}", redact(&url));
-    println!(
+    say!("idem orders listening on {}", server.url());
+    if let Some(at) = server.metrics_addr() {
+        say!("  metrics: {}://{at}/metrics", server.scheme());
+    }
+    say!("  database: {}", redact(&url));
+    say!(
         "  outbox transport: {}",
         nats.as_deref().map_or_else(
             || "in-process".to_owned(),
@@ -825,25 +833,26 @@ pub async fn serve(
         )
     );
     if let Some(dev) = server.dev_credentials() {
-        println!("  no --api-key given: development credentials (loopback only)");
-        println!("    tenant:      {}", dev.tenant);
-        println!(
+        say!("  no --api-key given: development credentials (loopback only)");
+        say!("    tenant:      {}", dev.tenant);
+        say!(
             "    api key:     {}   (Authorization: Bearer {})",
-            dev.api_key, dev.api_key
+            dev.api_key,
+            dev.api_key
         );
         if dev.admin_token_configured {
-            println!("    admin token: (the one configured)");
+            say!("    admin token: (the one configured)");
         } else {
-            println!("    admin token: {}", dev.admin_token);
+            say!("    admin token: {}", dev.admin_token);
         }
     }
     match server.console_url() {
-        Some(url) => println!("  console: {url}  (log in with the admin token)"),
-        None => println!("  console: off (no admin token)"),
+        Some(url) => say!("  console: {url}  (log in with the admin token)"),
+        None => say!("  console: off (no admin token)"),
     }
-    println!("  try: curl -s {}/healthz", server.url());
+    say!("  try: curl -s {}/healthz", server.url());
     shutdown.await;
-    println!("shutting down");
+    say!("shutting down");
     server.shutdown().await
 }
 

@@ -97,8 +97,17 @@ pub async fn run(url: &str, args: ConsoleArgs) -> CliResult {
         .map_err(|e| StoreError::Unavailable(e.to_string()))?;
     let router = idem_console::router(console, None);
     tracing::info!(%addr, database = %idem_sql::redact(url), "idem console listening");
-    println!("idem console on {}", idem_sql::redact(url));
-    println!("  console: http://{addr}/console/  (log in with the admin token)");
+    // Best effort: a closed stdout must not stop the server (`println!` would panic).
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stdout(),
+        "idem console on {}",
+        idem_sql::redact(url)
+    );
+    let _ = writeln!(
+        std::io::stdout(),
+        "  console: http://{addr}/console/  (log in with the admin token)"
+    );
     axum::serve(
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),

@@ -68,7 +68,12 @@ pub async fn run(args: GatewayArgs) -> CliResult {
         .join(", ");
     let shutdown = crate::signal::shutdown()?;
     let (addr, served) = idem_gateway::bind(cfg, shutdown).await.map_err(gw_err)?;
-    println!("idem gateway on {scheme}://{addr} → {upstream} (window {window})");
+    // Best effort: a closed stdout must not stop the server (`println!` would panic).
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stdout(),
+        "idem gateway on {scheme}://{addr} → {upstream} (window {window})"
+    );
     served
         .await
         .map_err(|e| CliError::backend(format!("gateway task: {e}")))?

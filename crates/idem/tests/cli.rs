@@ -649,3 +649,48 @@ fn completions_are_printed_for_a_shell() {
     let out = idem("sqlite://unused.db", &["completions", "tcsh"]);
     assert_eq!(out.status.code(), Some(2), "an unknown shell is refused");
 }
+
+/// The banner is best effort: a parent that stopped reading the server's stdout (a closed
+/// pipe) must not take the server down with it.
+#[test]
+fn serve_keeps_running_when_nobody_reads_its_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["--database-url", &url, "serve", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--api-key", "acme=secret-acme-1"])
+        .env_remove("IDEM_DATABASE_URL")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let healthy = rt.block_on(async {
+        let client = reqwest::Client::new();
+        for _ in 0..200 {
+            let answer = client
+                .get(format!("http://127.0.0.1:{port}/healthz"))
+                .send()
+                .await;
+            if answer.is_ok_and(|a| a.status().is_success()) {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        false
+    });
+    let still_running = child.try_wait().unwrap().is_none();
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(healthy && still_running, "server stopped: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
