@@ -1,102 +1,43 @@
-//! The console's own tables — sessions and the audit — and their migrations, on any SQL
-//! store through `idem_sql`'s [`Conn`](idem_sql::Conn).
+//! The console's own tables — sessions and the audit — and their migrations
+//! (`migrations/`, a MySQL form in `migrations/mysql/`, run by `idem_sql::migrate`), on
+//! any SQL store through `idem_sql`'s [`Conn`](idem_sql::Conn).
 //!
 //! Owns `console_sessions`, `console_audit` and `console_schema_migrations`. Tables an
 //! older host created with the same columns are taken as they are (`IF NOT EXISTS`).
 //! It must not read or write any other table.
 
+use idem_sql::migrate::{self, Migration, Schema};
 use idem_sql::{sql, SqlStore};
 
 use crate::error::ConsoleError;
 
-const VERSIONS: &str = "CREATE TABLE IF NOT EXISTS console_schema_migrations (\
-    version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)";
+const SHARED: &[Migration] = &[Migration::new(
+    1,
+    "sessions and audit",
+    include_str!("../migrations/0001_sessions_and_audit.sql"),
+)];
 
-/// Sessions keep the cookie's SHA-256 (never the cookie), the CSRF token, the expiry and
-/// a digest of the admin token they were opened with; the audit says who did what.
-const V1: &str = r#"
-CREATE TABLE IF NOT EXISTS console_sessions (
-    session_hash TEXT   PRIMARY KEY,
-    operator     TEXT   NOT NULL,
-    csrf         TEXT   NOT NULL,
-    created_at   BIGINT NOT NULL,
-    expires_at   BIGINT NOT NULL,
-    ended_at     BIGINT,
-    token_digest TEXT   NOT NULL
-);
-CREATE TABLE IF NOT EXISTS console_audit (
-    audit_id TEXT   PRIMARY KEY,
-    at       BIGINT NOT NULL,
-    operator TEXT   NOT NULL,
-    action   TEXT   NOT NULL,
-    target   TEXT   NOT NULL,
-    reason   TEXT,
-    outcome  TEXT   NOT NULL
-);
-CREATE INDEX IF NOT EXISTS console_audit_by_at ON console_audit (at);
-"#;
+const MYSQL: &[Migration] = &[Migration::new(
+    1,
+    "sessions and audit",
+    include_str!("../migrations/mysql/0001_sessions_and_audit.sql"),
+)];
 
-/// `V1` for MySQL/MariaDB: no TEXT in keys, one statement at a time.
-const V1_MYSQL: &str = r#"
-CREATE TABLE IF NOT EXISTS console_sessions (
-    session_hash VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
-    operator     TEXT NOT NULL,
-    csrf         VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    created_at   BIGINT NOT NULL,
-    expires_at   BIGINT NOT NULL,
-    ended_at     BIGINT,
-    token_digest VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL
-) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
-CREATE TABLE IF NOT EXISTS console_audit (
-    audit_id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
-    at       BIGINT NOT NULL,
-    operator TEXT NOT NULL,
-    action   TEXT NOT NULL,
-    target   TEXT NOT NULL,
-    reason   TEXT,
-    outcome  TEXT NOT NULL,
-    KEY console_audit_by_at (at)
-) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
-"#;
-
-const MIGRATIONS: &[(i64, &str, &str, &str)] = &[(1, "sessions and audit", V1, V1_MYSQL)];
+const _: () = assert!(migrate::ascending(SHARED) && migrate::same_versions(SHARED, MYSQL));
 
 pub(crate) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// Applies the console's pending migrations. Two processes at once both apply the
-/// idempotent script; the version row's primary key keeps one record of it.
+/// Applies the console's pending migrations; concurrent migrators take turns.
 pub async fn migrate(db: &SqlStore) -> Result<(), ConsoleError> {
-    let mut conn = db.acquire().await?;
-    let mut c = conn.conn();
-    c.execute_script(VERSIONS).await?;
-    let applied = c
-        .all(sql("SELECT version FROM console_schema_migrations"))
-        .await?
-        .iter()
-        .map(|r| r.int("version"))
-        .collect::<Result<Vec<i64>, _>>()?;
-    let mysql = c.backend().as_str() == "mysql";
-    for (version, name, script, mysql_script) in
-        MIGRATIONS.iter().filter(|m| !applied.contains(&m.0))
-    {
-        c.execute_script(if mysql { mysql_script } else { script })
-            .await?;
-        c.execute(
-            sql(if mysql {
-                "INSERT INTO console_schema_migrations (version, name, applied_at) \
-                 VALUES ($1, $2, $3) ON DUPLICATE KEY UPDATE version = version"
-            } else {
-                "INSERT INTO console_schema_migrations (version, name, applied_at) \
-                 VALUES ($1, $2, $3) ON CONFLICT (version) DO NOTHING"
-            })
-            .bind(*version)
-            .bind(*name)
-            .bind(now_ms()),
-        )
-        .await?;
-    }
+    let schema = Schema {
+        versions: idem_sql::versions_table!("console_schema_migrations"),
+        lock: "idem-console",
+        shared: SHARED,
+        mysql: MYSQL,
+    };
+    migrate::run(db, &schema).await?;
     Ok(())
 }
 

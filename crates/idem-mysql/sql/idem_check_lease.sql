@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_check_lease;
+
+DELIMITER //
 CREATE PROCEDURE idem_check_lease(IN p_lease_ms BIGINT)
 DETERMINISTIC NO SQL SQL SECURITY INVOKER
 BEGIN
@@ -6,4 +10,5 @@ BEGIN
         SIGNAL SQLSTATE 'ID001'
             SET MESSAGE_TEXT = 'idem: lease must be between 1 ms and 86400000 ms';
     END IF;
-END
+END //
+DELIMITER ;

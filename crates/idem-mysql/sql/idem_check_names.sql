@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_check_names;
+
+DELIMITER //
 CREATE PROCEDURE idem_check_names(
     IN p_tenant TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     IN p_key TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
@@ -24,4 +28,5 @@ BEGIN
         SIGNAL SQLSTATE 'ID001'
             SET MESSAGE_TEXT = 'idem: owner must be 1 to 128 visible ASCII characters';
     END IF;
-END
+END //
+DELIMITER ;

@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_claim;
+
+DELIMITER //
 CREATE PROCEDURE idem_claim(
     IN p_tenant TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     IN p_key TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
@@ -153,4 +157,5 @@ BEGIN
            r_state AS state, r_owner AS owner, r_status AS status, r_headers AS headers,
            r_body AS body, r_ref AS result_ref, r_created AS created_at,
            r_updated AS updated_at, r_completed AS completed_at;
-END
+END //
+DELIMITER ;

@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_finish;
+
+DELIMITER //
 CREATE PROCEDURE idem_finish(
     IN p_tenant TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     IN p_key TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
@@ -119,4 +123,5 @@ BEGIN
     SELECT version, attempts AS attempt, principal, fingerprint, created_at, updated_at,
            completed_at
       FROM idem_records WHERE tenant_id = v_tenant AND `key` = v_key;
-END
+END //
+DELIMITER ;

@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_heartbeat;
+
+DELIMITER //
 CREATE PROCEDURE idem_heartbeat(
     IN p_tenant TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
     IN p_key TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
@@ -41,4 +45,5 @@ BEGIN
         SIGNAL SQLSTATE 'ID003' SET MESSAGE_TEXT = v_message;
     END IF;
     SELECT o_deadline AS lease_expires_at;
-END
+END //
+DELIMITER ;

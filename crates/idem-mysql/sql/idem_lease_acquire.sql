@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_lease_acquire;
+
+DELIMITER //
 CREATE PROCEDURE idem_lease_acquire(
     IN p_name VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin,
     IN p_owner VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin,
@@ -86,4 +90,5 @@ BEGIN
             END IF;
         END IF;
     END IF;
-END
+END //
+DELIMITER ;

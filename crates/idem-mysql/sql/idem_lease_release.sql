@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP PROCEDURE IF EXISTS idem_lease_release;
+
+DELIMITER //
 CREATE PROCEDURE idem_lease_release(
     IN p_name VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin,
     IN p_owner VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin,
@@ -35,4 +39,5 @@ BEGIN
         SELECT 'other' AS outcome, NULL AS owner, NULL AS token, NULL AS acquired_at,
                NULL AS expires_at, NULL AS renewals, v_now AS now_ms;
     END IF;
-END
+END //
+DELIMITER ;

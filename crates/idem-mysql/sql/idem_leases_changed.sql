@@ -1,3 +1,7 @@
+-- Dropped and created again, so the migration that installs it runs twice safely.
+DROP TRIGGER IF EXISTS idem_leases_changed;
+
+DELIMITER //
 CREATE TRIGGER idem_leases_changed AFTER UPDATE ON idem_leases
 FOR EACH ROW BEGIN
     -- The evidence of the two changes made in place, written by the statement that makes
@@ -16,4 +20,5 @@ FOR EACH ROW BEGIN
         VALUES (NEW.name, 'released', NEW.expires_at, OLD.owner, OLD.token,
                 OLD.acquired_at, OLD.expires_at, NULL);
     END IF;
-END
+END //
+DELIMITER ;

@@ -62,92 +62,6 @@ use crate::MysqlStore;
 
 pub use idem_store_kit::row::FencedWriteFuture;
 
-/// Migration 2.
-pub(crate) const MIGRATION: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS idem_lease_tokens (
-    name       VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
-    last_token BIGINT NOT NULL,
-    CONSTRAINT idem_lease_tokens_ck CHECK (last_token >= 0)
-) ENGINE = InnoDB",
-    "CREATE TABLE IF NOT EXISTS idem_leases (
-    name        VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
-    owner       VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    token       BIGINT NOT NULL,
-    acquired_at BIGINT NOT NULL,
-    expires_at  BIGINT NOT NULL,
-    renewals    INT NOT NULL DEFAULT 0,
-    CONSTRAINT idem_leases_token_ck CHECK (token > 0),
-    CONSTRAINT idem_leases_renewals_ck CHECK (renewals >= 0)
-) ENGINE = InnoDB",
-    "CREATE TABLE IF NOT EXISTS idem_lease_events (
-    id          BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    name        VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    kind        VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    at          BIGINT NOT NULL,
-    owner       VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NULL,
-    token       BIGINT NULL,
-    acquired_at BIGINT NULL,
-    expires_at  BIGINT NULL,
-    detail      TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-    KEY idem_lease_events_name_idx (name, id),
-    KEY idem_lease_events_at_idx (at),
-    CONSTRAINT idem_lease_events_kind_ck CHECK (kind IN ('acquired', 'renewed',
-        'renew_rejected', 'released', 'expired', 'release_owner_mismatch',
-        'fenced_write_rejected', 'force_released'))
-) ENGINE = InnoDB",
-    // Resource names are any non-empty text: bytes, so no collation folds two into one.
-    "CREATE TABLE IF NOT EXISTS idem_fences (
-    resource   VARBINARY(1024) NOT NULL PRIMARY KEY,
-    last_token BIGINT NOT NULL,
-    lease_name VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    owner      VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    updated_at BIGINT NOT NULL
-) ENGINE = InnoDB",
-    "DROP TRIGGER IF EXISTS idem_lease_tokens_never_go_back",
-    "CREATE TRIGGER idem_lease_tokens_never_go_back BEFORE UPDATE ON idem_lease_tokens
-FOR EACH ROW BEGIN
-    IF NEW.last_token < OLD.last_token OR NEW.name <> OLD.name THEN
-        SIGNAL SQLSTATE '45000'
-            SET MESSAGE_TEXT = 'idem_lease_tokens: a token counter cannot go back';
-    END IF;
-END",
-    "DROP TRIGGER IF EXISTS idem_lease_tokens_never_deleted",
-    "CREATE TRIGGER idem_lease_tokens_never_deleted BEFORE DELETE ON idem_lease_tokens
-FOR EACH ROW
-    SIGNAL SQLSTATE '45000'
-        SET MESSAGE_TEXT = 'idem_lease_tokens: token counters are never deleted'",
-];
-
-/// Migration 7: the acquire and the holder's release as procedures, one round trip each
-/// instead of six to eight (the cycle's cost was its round trips). They are the store's
-/// own, called only from here with checked arguments; the other changes keep the
-/// statements below, and a release the procedure does not settle (not the holder, an
-/// expired or missing lease) runs them too.
-pub(crate) const PROCEDURES: &[&str] = &[
-    "DROP PROCEDURE IF EXISTS idem_lease_acquire",
-    include_str!("../sql/idem_lease_acquire.sql"),
-    "DROP PROCEDURE IF EXISTS idem_lease_release",
-    include_str!("../sql/idem_lease_release.sql"),
-];
-
-/// Migration 8: leases kept in place. The triggers write the evidence of a grant and of
-/// the holder's release inside the statement that makes it, and keep a deleted row's
-/// token in the counter; the procedures grant over an ended row in place and end a
-/// released one in place. Migration 7 installs the same procedure texts (a fresh
-/// database runs both); this is what moves an existing one on.
-pub(crate) const IN_PLACE: &[&str] = &[
-    "DROP TRIGGER IF EXISTS idem_leases_granted",
-    include_str!("../sql/idem_leases_granted.sql"),
-    "DROP TRIGGER IF EXISTS idem_leases_changed",
-    include_str!("../sql/idem_leases_changed.sql"),
-    "DROP TRIGGER IF EXISTS idem_leases_deleted",
-    include_str!("../sql/idem_leases_deleted.sql"),
-    "DROP PROCEDURE IF EXISTS idem_lease_acquire",
-    include_str!("../sql/idem_lease_acquire.sql"),
-    "DROP PROCEDURE IF EXISTS idem_lease_release",
-    include_str!("../sql/idem_lease_release.sql"),
-];
-
 /// The lease of a procedure's answer row (`owner`, `token`, `acquired_at`, `expires_at`,
 /// `renewals`) and its `now_ms`.
 fn answered_lease(
@@ -757,7 +671,7 @@ mod tests {
 
     #[test]
     fn migration_lists_every_event_kind() {
-        let sql = MIGRATION.join("\n");
+        let sql = crate::migrate::migration(2).sql;
         for kind in idem_core::LeaseEventKind::ALL {
             assert!(
                 sql.contains(&format!("'{}'", kind.as_str())),
@@ -768,7 +682,12 @@ mod tests {
 
     #[test]
     fn in_place_drops_each_trigger_and_procedure_before_creating_it() {
-        for pair in IN_PLACE.chunks(2).chain(PROCEDURES.chunks(2)) {
+        let statements = [7, 8]
+            .into_iter()
+            .flat_map(|v| crate::migrate::split_statements(crate::migrate::migration(v).sql))
+            .collect::<Vec<_>>();
+        assert_eq!(statements.len(), 14);
+        for pair in statements.chunks(2) {
             let (kind, name) = pair[0]
                 .strip_prefix("DROP ")
                 .and_then(|s| s.split_once(" IF EXISTS "))

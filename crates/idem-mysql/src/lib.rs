@@ -84,10 +84,11 @@ use sqlx::{AssertSqlSafe, Executor, MySqlConnection, SqlSafeStr, SqlStr};
 
 pub use error::{error_number, is_lock_conflict, is_unavailable, map_err};
 pub use lease::FencedWriteFuture;
+pub use migrate::split_statements;
 
 /// The newest schema version this build knows (`idem_schema_migrations`).
 pub fn newest_migration() -> i64 {
-    migrate::MIGRATIONS.last().map_or(0, |m| m.version)
+    idem_store_kit::migrate::newest(migrate::MIGRATIONS)
 }
 
 /// How many times one claim re-reads after a lost race (the record vanished between

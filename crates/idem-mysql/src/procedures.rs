@@ -3,9 +3,9 @@
 //! the text of those procedures (`crates/idem-mysql/sql/*.sql`).
 //!
 //! # What this module owns
-//! - The procedures' migration: each is dropped and created again, so the migration is
-//!   safe to re-run; every `CREATE PROCEDURE` is one statement (no `DELIMITER`, which
-//!   only the mysql command-line client knows).
+//! - The procedures' text (`sql/`, one file each, listed by migration 5 in `migrate.rs`):
+//!   each is dropped and created again, so the migration is safe to re-run; each file
+//!   runs in the mysql client as it is (its body between `DELIMITER` lines).
 //! - The Rust client of those procedures: it is what a client in any other language
 //!   does, kept honest by the conformance suite (tests/procedures.rs).
 //! - Mapping the procedures' SQLSTATE codes (class `ID`) to [`StoreError`] kinds.
@@ -31,34 +31,6 @@ use sqlx::mysql::MySqlRow;
 use sqlx::MySqlConnection;
 
 use crate::{error, row, MysqlOptions, MysqlStore, LOCK_CONFLICT_RETRIES};
-
-/// Migration 5: the checks first (the others call them), each dropped before it is
-/// created.
-pub(crate) const MIGRATION: &[&str] = &[
-    "DROP PROCEDURE IF EXISTS idem_check_names",
-    include_str!("../sql/idem_check_names.sql"),
-    "DROP PROCEDURE IF EXISTS idem_check_lease",
-    include_str!("../sql/idem_check_lease.sql"),
-    "DROP PROCEDURE IF EXISTS idem_claim",
-    include_str!("../sql/idem_claim.sql"),
-    "DROP PROCEDURE IF EXISTS idem_finish",
-    include_str!("../sql/idem_finish.sql"),
-    "DROP PROCEDURE IF EXISTS idem_heartbeat",
-    include_str!("../sql/idem_heartbeat.sql"),
-];
-
-/// Migration 9: `idem_claim` and `idem_finish` again, cheaper on the server: one set of
-/// variables for the record read and the answer, the test clock shift cleared only when
-/// set (a `SET` of a user variable is a statement of its own), and the finish answering
-/// from the row it changed instead of reading it into variables first. Migration 5
-/// installs the same texts (a fresh database runs both); this is what moves an existing
-/// one on.
-pub(crate) const LEANER: &[&str] = &[
-    "DROP PROCEDURE IF EXISTS idem_claim",
-    include_str!("../sql/idem_claim.sql"),
-    "DROP PROCEDURE IF EXISTS idem_finish",
-    include_str!("../sql/idem_finish.sql"),
-];
 
 /// SQLSTATE of a bad argument (key, tenant, owner, principal, fingerprint, lease,
 /// outcome, status, headers, reference).
@@ -323,7 +295,7 @@ mod tests {
         assert_eq!(outcome(RecordState::FailedTerminal).unwrap(), "terminal");
         assert_eq!(outcome(RecordState::FailedRetryable).unwrap(), "retryable");
         assert!(outcome(RecordState::Processing).is_err());
-        let sql = MIGRATION.concat();
+        let sql = crate::migrate::migration(5).sql;
         for word in ["'succeeded'", "'terminal'", "'retryable'"] {
             assert!(sql.contains(word), "{word}");
         }
@@ -339,17 +311,23 @@ mod tests {
 
     #[test]
     fn every_procedure_is_dropped_before_it_is_created() {
-        for pair in MIGRATION.chunks(2).chain(LEANER.chunks(2)) {
+        let statements = [5, 9]
+            .into_iter()
+            .flat_map(|v| crate::migrate::split_statements(crate::migrate::migration(v).sql))
+            .collect::<Vec<_>>();
+        assert_eq!(statements.len(), 14);
+        for pair in statements.chunks(2) {
             let name = pair[0]
                 .strip_prefix("DROP PROCEDURE IF EXISTS ")
                 .expect("a drop first");
-            let create = pair[1].trim_start();
+            let create = pair[1];
             assert!(
                 create.starts_with(&format!("CREATE PROCEDURE {name}(")),
                 "{name}"
             );
             // One statement: DELIMITER is a mysql client command, not SQL.
             assert!(!create.contains("DELIMITER"), "{name}");
+            assert!(create.ends_with("END"), "{name}");
         }
     }
 

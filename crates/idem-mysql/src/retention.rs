@@ -26,39 +26,6 @@ use crate::error::map_err;
 use crate::sql::{CLOCK, RECORD_COLS};
 use crate::MysqlStore;
 
-/// Migration 3.
-pub(crate) const MIGRATION: &[&str] = &[
-    // The tier column and its due index are part of `idem_records` from migration 1:
-    // MySQL has no `ADD COLUMN IF NOT EXISTS` (MariaDB has), and an `ALTER` that is not
-    // safe to run twice has no place in a migration without a transaction.
-    "CREATE TABLE IF NOT EXISTS idem_archive (
-    tenant_id          VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    key_digest         BINARY(16) NOT NULL,
-    fingerprint        VARBINARY(32) NOT NULL,
-    result_digest      VARBINARY(16) NULL,
-    result_ref         TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-    state              VARCHAR(16) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    status             INT NULL,
-    first_processed_at BIGINT NOT NULL,
-    completed_at       BIGINT NULL,
-    archived_at        BIGINT NOT NULL,
-    PRIMARY KEY (tenant_id, key_digest),
-    KEY idem_archive_ref_idx (result_ref(255)),
-    KEY idem_archive_at_idx (archived_at)
-) ENGINE = InnoDB",
-    "CREATE TABLE IF NOT EXISTS idem_retention_events (
-    id        BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    tenant_id VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    `key`     VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    kind      VARCHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-    at        BIGINT NOT NULL,
-    owner     VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin NULL,
-    version   BIGINT NULL,
-    detail    TEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-    KEY idem_retention_events_scope_idx (tenant_id, `key`, id)
-) ENGINE = InnoDB",
-];
-
 const TERMINAL: &str = "state IN ('SUCCEEDED', 'FAILED_TERMINAL')";
 
 const ARCHIVE_COLS: &str = "tenant_id, key_digest, fingerprint, result_digest, result_ref, \

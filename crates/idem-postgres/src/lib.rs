@@ -57,7 +57,7 @@ pub use error::{is_unavailable, map_err};
 
 /// The newest schema version this build knows (`idem_schema_migrations`).
 pub fn newest_migration() -> i64 {
-    migrate::MIGRATIONS.last().map_or(0, |m| m.version)
+    idem_store_kit::migrate::newest(migrate::MIGRATIONS)
 }
 pub use lease::*;
 

@@ -10,6 +10,8 @@
 //!   SQL stores only) — as trait objects.
 //! - The arrival timeline ([`ArrivalLog`], [`arrivals`]): what the layer decided for each
 //!   request of a key, recorded off the request path into the SQL store's own tables.
+//! - Running the versioned migrations of tables a caller keeps beside the store's on
+//!   every SQL backend ([`migrate`]); the tables and their SQL stay the caller's.
 //! - [`SqlStore`], SQLite, PostgreSQL or (feature `mysql`) MySQL/MariaDB: a
 //!   [`Transaction`] over each backend's own, claiming and finishing inside it, the
 //!   fenced write, and statements written once with `$n` parameters ([`sql`]; rewritten
@@ -29,6 +31,7 @@
 
 pub mod arrivals;
 mod inspect;
+pub mod migrate;
 mod sql;
 
 use std::fmt;

@@ -1,7 +1,8 @@
 //! The facade over real stores: a SQLite file, a PostgreSQL schema per test, a MySQL /
 //! MariaDB database per test (feature `mysql`), a Redis key prefix per test. The SQL
-//! scenarios are written once and run on every SQL backend: transactions and fences, the
-//! arrival timeline (`ArrivalLog` and its reads) and the operators' `Inspect`.
+//! scenarios are written once and run on every SQL backend: transactions and fences, a
+//! caller's migrations, the arrival timeline (`ArrivalLog` and its reads) and the
+//! operators' `Inspect`.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use idem_core::{Acquire, Claim, ErrorKind, Finish, LeaseName, OwnerId, RecordSta
 use idem_core::{
     Arrival, ArrivalDecision, ArrivalSink, IdempotencyKey, Principal, Scope, StoredResult, TenantId,
 };
+use idem_sql::migrate::{self, Migration, Schema};
 use idem_sql::{arrivals, sql, ArrivalLog, ArrivalOptions, Backend, OpenOptions, SqlStore, Store};
 
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -86,6 +88,81 @@ fn table_ddl(db: &SqlStore) -> &'static str {
         }
         _ => TABLE,
     }
+}
+
+const RUNS_TABLE: &str = "CREATE TABLE facade_runs (v BIGINT NOT NULL)";
+const RUNS_TABLE_MYSQL: &str = "CREATE TABLE IF NOT EXISTS facade_runs (v BIGINT NOT NULL)";
+
+/// Versions 2 and 3 each leave one row: a version applied twice leaves two. Version 1
+/// fails if run twice on SQLite and PostgreSQL (no `IF NOT EXISTS`).
+const MIGRATIONS: &[Migration] = &[
+    Migration::new(1, "runs", RUNS_TABLE),
+    Migration::new(2, "two", "INSERT INTO facade_runs (v) VALUES (2)"),
+    Migration::new(3, "three", "INSERT INTO facade_runs (v) VALUES (3)"),
+];
+const MIGRATIONS_MYSQL: &[Migration] = &[
+    Migration::new(1, "runs", RUNS_TABLE_MYSQL),
+    MIGRATIONS[1],
+    MIGRATIONS[2],
+];
+const BROKEN: &[Migration] = &[
+    MIGRATIONS[0],
+    MIGRATIONS[1],
+    MIGRATIONS[2],
+    Migration::new(4, "broken", "SELECT v FROM facade_no_such_table"),
+];
+
+fn caller_schema<'a>(shared: &'a [Migration], mysql: &'a [Migration]) -> Schema<'a> {
+    Schema {
+        versions: idem_sql::versions_table!("facade_schema_migrations"),
+        lock: "idem-facade",
+        shared,
+        mysql,
+    }
+}
+
+/// A caller's schema through the one runner: eight migrators at once apply each version
+/// once; a current schema, and one a newer build migrated, apply nothing; a failing
+/// version is not recorded and leaves the lock free for the next migrator.
+async fn caller_migrations_take_turns(db: &SqlStore) {
+    let schema = caller_schema(MIGRATIONS, MIGRATIONS_MYSQL);
+    let runs = futures::future::join_all((0..8).map(|_| migrate::run(db, &schema))).await;
+    let mut applied: Vec<i64> = runs.into_iter().flat_map(|r| r.unwrap()).collect();
+    applied.sort_unstable();
+    assert_eq!(applied, [1, 2, 3]);
+    assert!(migrate::run(db, &schema).await.unwrap().is_empty());
+    let older = caller_schema(&MIGRATIONS[..2], &MIGRATIONS_MYSQL[..2]);
+    assert!(migrate::run(db, &older).await.unwrap().is_empty());
+
+    let broken = caller_schema(BROKEN, BROKEN);
+    assert!(migrate::run(db, &broken).await.is_err());
+    let mut conn = db.acquire().await.unwrap();
+    let rows = conn
+        .conn()
+        .all(sql(
+            "SELECT version, name FROM facade_schema_migrations ORDER BY version",
+        ))
+        .await
+        .unwrap();
+    let recorded: Vec<(i64, String)> = rows
+        .iter()
+        .map(|r| (r.int("version").unwrap(), r.text("name").unwrap()))
+        .collect();
+    let expected: Vec<(i64, String)> = MIGRATIONS
+        .iter()
+        .map(|m| (m.version, m.name.to_string()))
+        .collect();
+    assert_eq!(recorded, expected);
+    let rows = conn
+        .conn()
+        .all(sql("SELECT v FROM facade_runs ORDER BY v"))
+        .await
+        .unwrap();
+    let runs: Vec<i64> = rows.iter().map(|r| r.int("v").unwrap()).collect();
+    assert_eq!(runs, [2, 3]);
+    drop(conn);
+    let again = tokio::time::timeout(Duration::from_secs(10), migrate::run(db, &schema));
+    assert!(again.await.expect("the lock is free").unwrap().is_empty());
 }
 
 /// Claim, business write and finish commit together; a rolled-back transaction leaves
@@ -475,6 +552,7 @@ async fn sqlite_transactions_statements_and_fences() {
     assert_eq!(db.schema(), None);
     claim_write_finish_commit_together(&db).await;
     fenced_writes(&db).await;
+    caller_migrations_take_turns(&db).await;
 }
 
 #[tokio::test]
@@ -486,6 +564,7 @@ async fn postgres_transactions_statements_and_fences() {
     assert_eq!(pg.store.schema(), Some(pg.schema.as_str()));
     claim_write_finish_commit_together(&pg.store).await;
     fenced_writes(&pg.store).await;
+    caller_migrations_take_turns(&pg.store).await;
     pg.drop_schema().await;
 }
 
@@ -587,6 +666,7 @@ mod mysql {
         assert_eq!(db.newest_migration(), idem_mysql::newest_migration());
         claim_write_finish_commit_together(&db).await;
         fenced_writes(&db).await;
+        caller_migrations_take_turns(&db).await;
         // Arguments named out of order, repeated, and one too many.
         let mut conn = db.acquire().await.unwrap();
         let row = conn

@@ -37,7 +37,7 @@ pub use migrate::MIGRATIONS;
 
 /// The newest schema version this build knows (`idem_schema_migrations`).
 pub fn newest_migration() -> i64 {
-    MIGRATIONS.last().map_or(0, |(v, _)| *v)
+    idem_store_kit::migrate::newest(MIGRATIONS)
 }
 
 /// The default database file, relative to the working directory.
@@ -126,7 +126,9 @@ pub struct SqliteStore {
     writer: Option<Arc<Mutex<()>>>,
 }
 
-pub(crate) fn map_err(e: sqlx::Error) -> StoreError {
+/// A driver error as the store's: busy and locked files, pool and I/O trouble are
+/// `Unavailable`, the rest `Backend`.
+pub fn map_err(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
             StoreError::Unavailable(e.to_string())

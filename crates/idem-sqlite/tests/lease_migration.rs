@@ -27,10 +27,10 @@ async fn lease_history_survives_migration_4() {
         )
         .await
         .unwrap();
-        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v <= 3) {
-            pool.execute(*sql).await.unwrap();
+        for m in MIGRATIONS.iter().filter(|m| m.version <= 3) {
+            pool.execute(m.sql).await.unwrap();
             sqlx::query("INSERT INTO idem_schema_migrations (version) VALUES (?)")
-                .bind(version)
+                .bind(m.version)
                 .execute(&pool)
                 .await
                 .unwrap();

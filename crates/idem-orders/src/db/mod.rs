@@ -7,10 +7,10 @@
 //! finishing a claim inside it, the fenced write, and the statements the ledgers
 //! ([`crate::ledgers`]) write once in the dialect SQLite and PostgreSQL share, with a
 //! MySQL form next to the few that differ ([`Conn::pick`], [`Conn::insert_new`]). This
-//! module adds the ledgers' own migrations (`migrate.rs`, a MySQL form of each), the
-//! service's defaults, and `Tx` / `PoolConn` / `Conn` / `Row`: the facade's types
-//! answering this crate's [`Error`] (driver errors classified by `From<sqlx::Error>`), so
-//! the ledgers' `?` keeps its meaning.
+//! module adds the ledgers' own migrations (`migrate.rs`, a MySQL form of each, run by
+//! `idem_sql::migrate`), the service's defaults, and `Tx` / `PoolConn` / `Conn` / `Row`:
+//! the facade's types answering this crate's [`Error`] (driver errors classified by
+//! `From<sqlx::Error>`), so the ledgers' `?` keeps its meaning.
 //!
 //! This module must not know what an order is, and nothing here deletes a business row.
 
@@ -118,42 +118,7 @@ impl Database {
     }
 
     async fn migrate(&self) -> Result<(), Error> {
-        if self.store.backend() == Backend::Mysql {
-            return self.migrate_mysql().await;
-        }
-        let mut tx = self.begin().await?;
-        // Concurrent migrators of one schema take turns (CREATE TABLE IF NOT EXISTS is
-        // not safe against a concurrent twin).
-        let lock = format!("idem-orders-migrate:{}", self.store.schema().unwrap_or(""));
-        tx.0.advisory_lock(&lock).await?;
-        migrate::apply(&mut tx.conn()).await?;
-        tx.commit().await
-    }
-
-    /// MySQL commits every DDL statement on its own, which would end a transaction's
-    /// row lock: migrators of one database take turns on a named server lock held by
-    /// the session instead, given back before the connection returns to the pool.
-    async fn migrate_mysql(&self) -> Result<(), Error> {
-        let mut conn = self.acquire().await?;
-        let mut c = conn.conn();
-        let got = c
-            .one(sql("SELECT GET_LOCK(CONCAT('idem-orders.migrate:', \
-                   LEFT(SHA2(DATABASE(), 256), 40)), 60) AS got"))
-            .await?
-            .opt_int("got")?;
-        if got != Some(1) {
-            return Err(Error::Unavailable(
-                "ledger migration: another migrator held the lock for 60 s".into(),
-            ));
-        }
-        let applied = migrate::apply_mysql(&mut c).await;
-        let released = c
-            .execute(sql(
-                "DO RELEASE_LOCK(CONCAT('idem-orders.migrate:', LEFT(SHA2(DATABASE(), 256), 40)))",
-            ))
-            .await;
-        applied?;
-        released.map(drop)
+        migrate::apply(&self.store).await
     }
 
     /// Whether the database answers and its schemas are the ones this build needs: the
@@ -339,11 +304,6 @@ impl Conn<'_> {
     /// Rows affected.
     pub(crate) async fn execute(&mut self, q: Sql) -> Result<u64, Error> {
         Ok(self.0.execute(q).await?)
-    }
-
-    /// A script of statements without parameters (DDL).
-    pub(crate) async fn execute_script(&mut self, script: &'static str) -> Result<(), Error> {
-        Ok(self.0.execute_script(script).await?)
     }
 
     pub(crate) async fn optional(&mut self, q: Sql) -> Result<Option<Row>, Error> {

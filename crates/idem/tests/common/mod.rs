@@ -2,6 +2,8 @@
 //! when dropped, readiness polling, the servers a test needs.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod serve;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
