@@ -95,9 +95,12 @@ class Mysql:
     # MariaDB reports a SIGNAL as error 1644; PyMySQL drops the SQLSTATE (ID001 …), so
     # idem's argument errors are told apart by their text ("idem: … must be …").
     SIGNAL = 1644
+    # SERVER_STATUS_IN_TRANS: the session is inside a transaction.
+    IN_TRANS = 1
 
     def __init__(self, url):
         import pymysql
+        from pymysql.constants import CLIENT
         self.pymysql = pymysql
         u = urllib.parse.urlsplit(url)
         self.connect_args = dict(host=u.hostname or "127.0.0.1", port=u.port or 3306,
@@ -108,9 +111,13 @@ class Mysql:
                                  # record, the claim reads the committed winner.
                                  init_command="SET SESSION TRANSACTION ISOLATION LEVEL "
                                               "READ COMMITTED")
-        self.pool = Pool(lambda: pymysql.connect(**self.connect_args),
-                         # SERVER_STATUS_IN_TRANS (1): left inside a transaction.
-                         lambda c: c.open and not c.server_status & 1)
+        # The pooled sessions run without autocommit, so a transaction starts with its
+        # first statement (no round trip for BEGIN), and take several statements in one
+        # round trip (the finish and the COMMIT).
+        pooled = {**self.connect_args, "autocommit": False,
+                  "client_flag": CLIENT.MULTI_STATEMENTS}
+        self.pool = Pool(lambda: pymysql.connect(**pooled),
+                         lambda c: c.open and not c.server_status & self.IN_TRANS)
 
     def create_table(self):
         conn = self.pymysql.connect(**self.connect_args)
@@ -124,15 +131,16 @@ class Mysql:
 
     @contextlib.contextmanager
     def transaction(self):
+        """A connection whose next statement starts a transaction: committed on a normal
+        exit (unless the finish already committed it), else rolled back."""
         with self.pool.conn() as conn:
-            conn.begin()
             try:
                 yield conn
+                if conn.server_status & self.IN_TRANS:
+                    conn.commit()
             except BaseException:
                 conn.rollback()
                 raise
-            else:
-                conn.commit()
 
     def call(self, conn, procedure, args):
         with conn.cursor() as c:
@@ -143,14 +151,11 @@ class Mysql:
         return row
 
     def claim(self, conn, tenant, key, fp, principal, owner, lease_ms):
-        # The procedure answers the PostgreSQL function's columns, in its order.
-        with conn.cursor(self.pymysql.cursors.DictCursor) as c:
-            c.execute("CALL idem_claim(%s, %s, %s, %s, %s, %s)",
-                      (tenant, key, fp, principal, owner, lease_ms))
-            row = c.fetchone()
-            while c.nextset():
-                pass
-        return row["decision"], row["version"], row["status"], row["headers"], row["body"]
+        # The procedure answers the PostgreSQL function's columns, in its order: decision,
+        # kind, version, attempt, lease_expires_at, now_ms, state, owner, status, headers,
+        # body, ...
+        row = self.call(conn, "idem_claim", (tenant, key, fp, principal, owner, lease_ms))
+        return row[0], row[2], row[8], row[9], row[10]
 
     def insert(self, conn, tenant, key, sku, quantity):
         with conn.cursor() as c:
@@ -159,8 +164,13 @@ class Mysql:
             return c.lastrowid
 
     def finish(self, conn, tenant, key, owner, version, status, headers, body, ref):
-        self.call(conn, "idem_finish", (tenant, key, owner, version, "succeeded", status, headers,
-                                        body, ref))
+        """The transaction's last statement: it carries the COMMIT, one round trip for
+        both. A refused finish stops the batch before the COMMIT; the caller rolls back."""
+        with conn.cursor() as c:
+            c.execute("CALL idem_finish(%s, %s, %s, %s, 'succeeded', %s, %s, %s, %s); COMMIT",
+                      (tenant, key, owner, version, status, headers, body, ref))
+            while c.nextset():
+                pass
 
     def invalid_argument(self, e):
         if isinstance(e, self.pymysql.err.MySQLError) and e.args and e.args[0] == self.SIGNAL \

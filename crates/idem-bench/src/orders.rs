@@ -38,8 +38,15 @@ pub struct OrdersBenchOptions {
 
 /// Slices per side, alternated so load from elsewhere lands on every side.
 pub const ROUNDS: u32 = 6;
-/// The bar `one_commit_vs_plain` should reach on PostgreSQL.
-pub const TARGET: f64 = 0.8;
+/// The bar `one_commit_vs_plain` should reach on `backend`: 0.80 on PostgreSQL, 0.75 on
+/// MySQL/MariaDB (InnoDB's commit costs more of a create there). SQLite has no bar of its
+/// own and is held to PostgreSQL's.
+pub fn target(backend: Backend) -> f64 {
+    match backend {
+        Backend::Mysql => 0.75,
+        _ => 0.8,
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OrdersBenchReport {
@@ -63,6 +70,7 @@ pub struct OrdersBenchReport {
     /// `hot` against `one_commit` (every client on its own show), same run.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub hot_vs_spread: Option<f64>,
+    /// The bar of this backend ([`target`]).
     pub target: f64,
     pub meets_target: bool,
     pub saturation: Saturation,
@@ -263,8 +271,8 @@ pub async fn bench(options: OrdersBenchOptions) -> Result<OrdersBenchReport, Ben
         plain,
         one_commit,
         two_commit,
-        target: TARGET,
-        meets_target: one_commit_vs_plain >= TARGET,
+        target: target(backend),
+        meets_target: one_commit_vs_plain >= target(backend),
         saturation,
     })
 }
@@ -302,4 +310,16 @@ pub fn print_human(r: &OrdersBenchReport) {
         println!("  hot / spread {vs:.2}");
     }
     println!("  saturated   {}", r.saturation.saturated);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_backend_has_its_own_bar() {
+        assert_eq!(target(Backend::Postgres), 0.8);
+        assert_eq!(target(Backend::Mysql), 0.75);
+        assert_eq!(target(Backend::Sqlite), 0.8);
+    }
 }

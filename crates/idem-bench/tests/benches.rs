@@ -272,6 +272,17 @@ async fn orders_bench_smoke() {
     );
 }
 
+/// The same on MySQL/MariaDB, held to its own bar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_bench_smoke_mysql() {
+    let url = std::env::var("IDEM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let Some(report) = orders_bench_on(Some(&url), "mysql").await else {
+        return;
+    };
+    assert_eq!(report.target, 0.75, "MySQL's own bar, not PostgreSQL's");
+}
+
 /// How many schemas on the server at `url` match the LIKE `pattern`.
 async fn schemas_like(url: &str, pattern: &str) -> i64 {
     let pool = sqlx::PgPool::connect(url).await.unwrap();

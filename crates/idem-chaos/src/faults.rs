@@ -357,7 +357,8 @@ async fn wait_for_chain_work(db_url: &str, within: Duration) -> u64 {
 /// its owner name), polled for up to `within`; runs are short, so it is caught mid-run.
 async fn live_sweeper_holder(topo: &Topology, within: Duration) -> Option<(usize, String)> {
     let mut c = Db::connect(&topo.db_url).await.ok()?;
-    // A lease ends by a mark on PostgreSQL and by deleting its row on MySQL.
+    // A lease ends by a mark on PostgreSQL; on MySQL by an empty owner and its deadline
+    // moved to the end (or by deleting its row), so the deadline alone tells.
     let live = match topo.backend {
         Backend::Postgres => "ended_at IS NULL AND",
         Backend::MySql => "",

@@ -22,22 +22,22 @@ BEGIN
     DECLARE v_headers MEDIUMTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
     DECLARE v_size BIGINT DEFAULT 0;
     DECLARE v_i BIGINT DEFAULT 0;
+    DECLARE v_n BIGINT;
     DECLARE v_pair LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
-    DECLARE v_shift BIGINT;
+    DECLARE v_name LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    DECLARE v_value LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+    -- The test clock shift, consumed below so that it never outlives this call.
+    DECLARE v_shift BIGINT DEFAULT COALESCE(@idem_clock_shift_ms, 0);
     DECLARE v_now BIGINT;
     DECLARE v_found INT DEFAULT 1;
     DECLARE v_message VARCHAR(128);
-    DECLARE o_version BIGINT;
-    DECLARE o_attempt INT;
-    DECLARE o_principal VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin;
-    DECLARE o_fingerprint VARBINARY(32);
-    DECLARE o_created BIGINT;
-    DECLARE o_updated BIGINT;
-    DECLARE o_completed BIGINT;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 
-    SET v_shift = COALESCE(@idem_clock_shift_ms, 0);
-    SET @idem_clock_shift_ms = NULL;
+    -- Cleared only when set: a SET of a user variable is a statement of its own, an IF
+    -- is not.
+    IF @idem_clock_shift_ms IS NOT NULL THEN
+        SET @idem_clock_shift_ms = NULL;
+    END IF;
     CALL idem_check_names(p_tenant, p_key, p_owner);
     SET v_target = CASE p_outcome WHEN 'succeeded' THEN 'SUCCEEDED'
                                   WHEN 'terminal' THEN 'FAILED_TERMINAL'
@@ -63,17 +63,18 @@ BEGIN
                 SIGNAL SQLSTATE 'ID001'
                     SET MESSAGE_TEXT = 'idem: headers must be a JSON array of [name, value] strings';
             END IF;
-            WHILE v_i < JSON_LENGTH(p_headers) DO
+            SET v_n = JSON_LENGTH(p_headers);
+            WHILE v_i < v_n DO
                 SET v_pair = JSON_EXTRACT(p_headers, CONCAT('$[', v_i, ']'));
+                SET v_name = JSON_EXTRACT(v_pair, '$[0]'), v_value = JSON_EXTRACT(v_pair, '$[1]');
                 IF JSON_TYPE(v_pair) <> 'ARRAY' OR JSON_LENGTH(v_pair) <> 2
-                   OR JSON_TYPE(JSON_EXTRACT(v_pair, '$[0]')) <> 'STRING'
-                   OR JSON_TYPE(JSON_EXTRACT(v_pair, '$[1]')) <> 'STRING' THEN
+                   OR JSON_TYPE(v_name) <> 'STRING' OR JSON_TYPE(v_value) <> 'STRING' THEN
                     SIGNAL SQLSTATE 'ID001'
                         SET MESSAGE_TEXT = 'idem: headers must be a JSON array of [name, value] strings';
                 END IF;
-                SET v_size = v_size + OCTET_LENGTH(JSON_UNQUOTE(JSON_EXTRACT(v_pair, '$[0]')))
-                                    + OCTET_LENGTH(JSON_UNQUOTE(JSON_EXTRACT(v_pair, '$[1]')));
-                SET v_i = v_i + 1;
+                SET v_size = v_size + OCTET_LENGTH(JSON_UNQUOTE(v_name))
+                                    + OCTET_LENGTH(JSON_UNQUOTE(v_value)),
+                    v_i = v_i + 1;
             END WHILE;
         END IF;
         -- The column holds 65535 bytes; a longer reference must not be cut.
@@ -90,9 +91,9 @@ BEGIN
         END IF;
     END IF;
     -- A result's headers are never NULL in the table (an empty list is []).
-    SET v_headers = IF(p_status IS NOT NULL, COALESCE(p_headers, '[]'), NULL);
-    SET v_tenant = p_tenant, v_key = p_key, v_owner = p_owner;
-    SET v_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
+    SET v_headers = IF(p_status IS NOT NULL, COALESCE(p_headers, '[]'), NULL),
+        v_tenant = p_tenant, v_key = p_key, v_owner = p_owner,
+        v_now = TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000
                 + v_shift;
     UPDATE idem_records
     SET state = v_target, version = version + 1, updated_at = v_now,
@@ -102,22 +103,10 @@ BEGIN
         result_body = p_body, result_ref = p_result_ref
     WHERE tenant_id = v_tenant AND `key` = v_key AND version = p_version
       AND owner = v_owner AND state = 'PROCESSING';
-    IF ROW_COUNT() = 1 THEN
-        -- This transaction's own change (it holds the row's lock).
-        SELECT version, attempts, principal, fingerprint, created_at, updated_at,
-               completed_at
-          INTO o_version, o_attempt, o_principal, o_fingerprint, o_created, o_updated,
-               o_completed
-          FROM idem_records WHERE tenant_id = v_tenant AND `key` = v_key;
-    ELSE
+    IF ROW_COUNT() <> 1 THEN
         -- A retry of this very finish whose answer was lost: answered as the first
         -- time. A locking read sees the newest committed row at any isolation level.
-        SET v_found = 1;
-        SELECT version, attempts, principal, fingerprint, created_at, updated_at,
-               completed_at
-          INTO o_version, o_attempt, o_principal, o_fingerprint, o_created, o_updated,
-               o_completed
-          FROM idem_records
+        SELECT 1 INTO v_found FROM idem_records
          WHERE tenant_id = v_tenant AND `key` = v_key AND version = p_version + 1
            AND owner = v_owner AND state = v_target AND result_status <=> p_status
            AND result_headers <=> v_headers AND result_body <=> p_body
@@ -129,8 +118,10 @@ BEGIN
             SIGNAL SQLSTATE 'ID003' SET MESSAGE_TEXT = v_message;
         END IF;
     END IF;
-    SELECT o_version AS version, o_attempt AS attempt, o_principal AS principal,
-           o_fingerprint AS fingerprint, o_created AS created_at, o_updated AS updated_at,
-           o_completed AS completed_at;
+    -- The answer is the row: this transaction's own change (it holds the row's lock), or
+    -- the finish it repeats (share-locked above).
+    SELECT version, attempts AS attempt, principal, fingerprint, created_at, updated_at,
+           completed_at
+      FROM idem_records WHERE tenant_id = v_tenant AND `key` = v_key;
 END //
 DELIMITER ;

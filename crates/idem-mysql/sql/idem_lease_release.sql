@@ -15,8 +15,6 @@ BEGIN
     -- the caller then runs the general release, which records the mismatch.
     DECLARE v_now BIGINT;
     DECLARE v_found INT DEFAULT 1;
-    DECLARE l_owner VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin;
-    DECLARE l_token BIGINT;
     DECLARE l_acquired BIGINT;
     DECLARE l_expires BIGINT;
     DECLARE l_renewals BIGINT;
@@ -24,19 +22,16 @@ BEGIN
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
 
     START TRANSACTION;
-    INSERT INTO idem_lease_tokens (name, last_token) VALUES (p_name, 0)
-        ON DUPLICATE KEY UPDATE last_token = last_token;
+    -- The row's lock, then the time: no change this waited for is later than the release.
+    SELECT acquired_at, expires_at, renewals INTO l_acquired, l_expires, l_renewals
+      FROM idem_leases WHERE name = p_name AND owner = p_owner AND token = p_token
+       FOR UPDATE;
     SET v_now = CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED) + p_shift_ms;
-    SELECT owner, token, acquired_at, expires_at, renewals
-      INTO l_owner, l_token, l_acquired, l_expires, l_renewals
-      FROM idem_leases WHERE name = p_name;
-    IF v_found = 1 AND l_owner = p_owner AND l_token = p_token AND l_expires > v_now THEN
-        DELETE FROM idem_leases WHERE name = p_name;
-        INSERT INTO idem_lease_events (name, kind, at, owner, token, acquired_at,
-                                       expires_at, detail)
-            VALUES (p_name, 'released', v_now, l_owner, l_token, l_acquired, l_expires, NULL);
+    IF v_found = 1 AND l_expires > v_now THEN
+        -- Ended in place, the token kept; the trigger records the release.
+        UPDATE idem_leases SET owner = '', expires_at = v_now WHERE name = p_name;
         COMMIT;
-        SELECT 'released' AS outcome, l_owner AS owner, l_token AS token,
+        SELECT 'released' AS outcome, p_owner AS owner, p_token AS token,
                l_acquired AS acquired_at, l_expires AS expires_at, l_renewals AS renewals,
                v_now AS now_ms;
     ELSE

@@ -9,20 +9,33 @@
 //!   (`TRUNCATE` fires no trigger on either server: revoke `DROP` from the application's
 //!   user where that matters).
 //! - `idem_leases(name, owner, token, acquired_at, expires_at, renewals)`: the current
-//!   lease per name (live, or expired and not yet noticed); deleted when it ends, its
-//!   token stays in the counter.
+//!   or last lease per name. The holder's release ends the row in place (migration 8):
+//!   owner `''`, the deadline moved to the release time, the token kept, so the next
+//!   grant updates the row (token + 1) instead of inserting one. A lease noticed expired
+//!   or force-released is deleted; a trigger keeps a deleted row's token in the counter.
+//!   A live row is one with an owner (`''` is never an `OwnerId`).
 //! - `idem_lease_events`: the evidence, ordered by an `AUTO_INCREMENT` id.
 //! - `idem_fences(resource, last_token, lease_name, owner, updated_at)`: the last token
 //!   each protected resource accepted.
 //!
 //! # Atomicity
-//! An acquire that finds a live holder answers from one plain read and writes nothing, so
-//! contenders polling a held lease do not queue on the lock. Every change is one READ
-//! COMMITTED transaction: the name's counter row locked, then the lease row and the
-//! server clock read in a statement that starts after the lock (so no change this one
-//! waited for is later than its time), then the writes and their evidence, committed
-//! together. A change InnoDB refuses over a lock (deadlock victim, lock wait timeout)
-//! wrote nothing and runs again.
+//! The uncontended cycle is one statement each way, in place on the lease row
+//! (`lease_cycle.rs`): a grant over an ended row, and the holder's release; triggers on
+//! `idem_leases` write their evidence (`acquired`, `released`) inside the statement. An
+//! acquire that finds a live holder answers from one plain read and writes nothing, so
+//! contenders polling a held lease do not queue on the lock. Every other change is one
+//! READ COMMITTED transaction: the name's counter row locked, then the lease row locked
+//! (`FOR UPDATE`, so the one-statement changes wait for it) and the server clock read
+//! after those locks (so no change this one waited for is later than its time), then the
+//! writes and their evidence, committed together. A change InnoDB refuses over a lock
+//! (deadlock victim, lock wait timeout) wrote nothing and runs again.
+//!
+//! Tokens: the row's token + 1 in place (the row holds the name's last token), the
+//! counter's (which keeps a deleted row's token) or the row's, whichever is higher, + 1
+//! on the locked path.
+//!
+//! Upgrade every process using a database together: an idem older than migration 8
+//! reads an ended row (no owner) as a lease it cannot decode, and refuses the change.
 //!
 //! It must not invent lease rules: `idem_core::lease` states them, `idem_store_kit::row`
 //! orders the locked changes, and `idem-conformance::lease` checks them.
@@ -43,6 +56,7 @@ use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlConnection, MySqlExecutor, Row};
 
 use crate::error::map_err;
+use crate::lease_cycle::{self, CLOCK_AFTER_LOCKS};
 use crate::sql::CLOCK;
 use crate::MysqlStore;
 
@@ -82,27 +96,34 @@ fn lease_row(row: &MySqlRow) -> Result<LeaseRow, LeaseError> {
     })
 }
 
-/// The lease row, the counter and the store time, from one statement. Without locks
-/// (the plain read of an acquire and of `show`), or under the name's lock.
+/// The lease (unless ended), the name's last token and the store time, from one
+/// statement. Plain (`show`), or under the name's lock (`locked`: the counter row is
+/// there, and the lease row is locked too, so the in-place changes wait for this
+/// transaction); the clock is read after the locks.
 async fn snapshot(
     exec: impl MySqlExecutor<'_>,
     clock: &ClockShift,
     name: &LeaseName,
+    locked: bool,
 ) -> Result<LeaseSnapshot, LeaseError> {
-    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT {CLOCK} AS now_ms, l.name IS NOT NULL AS found, l.owner, l.token, \
-           l.acquired_at, l.expires_at, l.renewals, \
-           GREATEST(COALESCE(t.last_token, 0), COALESCE(l.token, 0)) AS last_token \
-         FROM (SELECT 1 AS one) o \
-         LEFT JOIN idem_leases l ON l.name = ? \
+    let from = if locked {
+        "FROM idem_lease_tokens t LEFT JOIN idem_leases l ON l.name = t.name \
+         WHERE t.name = ? FOR UPDATE"
+    } else {
+        "FROM (SELECT 1 AS one) o LEFT JOIN idem_leases l ON l.name = ? \
          LEFT JOIN idem_lease_tokens t ON t.name = ?"
+    };
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {CLOCK_AFTER_LOCKS} AS now_ms, l.name IS NOT NULL AND l.owner <> '' AS found, \
+           l.owner, l.token, l.acquired_at, l.expires_at, l.renewals, \
+           GREATEST(COALESCE(t.last_token, 0), COALESCE(l.token, 0)) AS last_token {from}"
     )))
     .bind(clock.millis())
-    .bind(name.as_str())
-    .bind(name.as_str())
-    .fetch_one(exec)
-    .await
-    .map_err(lerr("lease read"))?;
+    .bind(name.as_str());
+    if !locked {
+        query = query.bind(name.as_str());
+    }
+    let row = query.fetch_one(exec).await.map_err(lerr("lease read"))?;
     let e = lerr("lease read");
     let found: i64 = row.try_get("found").map_err(&e)?;
     LeaseSnapshot::decode(
@@ -128,7 +149,7 @@ async fn lock(
     .execute(&mut *tx)
     .await
     .map_err(lerr("lease lock"))?;
-    let snap = snapshot(&mut *tx, &store.clock, name).await?;
+    let snap = snapshot(&mut *tx, &store.clock, name, true).await?;
     Ok((tx, snap))
 }
 
@@ -151,7 +172,8 @@ async fn record(exec: impl MySqlExecutor<'_>, event: &LeaseEvent) -> Result<(), 
     Ok(())
 }
 
-/// Ends the name's lease: the row goes, its token stays in the counter.
+/// Ends the name's lease noticed expired or force-released: the row goes, its token stays
+/// in the counter (the trigger writes it there).
 async fn end_lease(conn: &mut MySqlConnection, name: &LeaseName) -> Result<(), LeaseError> {
     sqlx::query("DELETE FROM idem_leases WHERE name = ?")
         .bind(name.as_str())
@@ -249,6 +271,34 @@ impl MysqlStore {
         }
         let (lease, released_at) = answered_lease(name, &row, "lease release")?;
         Ok(Some(Release::Released { lease, released_at }))
+    }
+
+    /// The release by the quickest path that settles it: the one statement when this
+    /// store granted the lease as it is, the procedure, then the general change (which
+    /// records a mismatch).
+    async fn release_any(
+        &self,
+        name: &LeaseName,
+        owner: &OwnerId,
+        token: FencingToken,
+    ) -> Result<Release, LeaseError> {
+        if let Some(lease) = self.held.holding(name, owner, token) {
+            let released = self
+                .lease_retrying(|| lease_cycle::release(&self.pool, &self.clock, &lease))
+                .await?;
+            if let Some(released_at) = released {
+                return Ok(Release::Released { lease, released_at });
+            }
+        }
+        if let Some(released) = self
+            .lease_retrying(|| self.release_held_once(name, owner, token))
+            .await?
+        {
+            return Ok(released);
+        }
+        let change = Change(self);
+        self.lease_retrying(|| change.release(name, owner, token))
+            .await
     }
 
     /// Takes the fence of `resource` on `conn`: accepted (and remembered) when
@@ -431,13 +481,20 @@ impl LeaseSteps for Change<'_> {
         Ok(())
     }
 
+    /// In place, as the one-statement release does; the trigger records `released` from
+    /// the row (the same event: the lease as it was, at the release time).
     async fn end_held<'a>(
         &'a self,
         tx: &'a mut Self::Tx,
         released: &'a LeaseEvent,
     ) -> Result<(), LeaseError> {
-        end_lease(tx, &released.name).await?;
-        record(&mut **tx, released).await
+        sqlx::query("UPDATE idem_leases SET owner = '', expires_at = ? WHERE name = ?")
+            .bind(released.at)
+            .bind(released.name.as_str())
+            .execute(&mut **tx)
+            .await
+            .map_err(lerr("lease release"))?;
+        Ok(())
     }
 
     fn mismatched(&self, name: &LeaseName, owner: &OwnerId, token: FencingToken, detail: &str) {
@@ -465,8 +522,26 @@ impl LeaseStore for MysqlStore {
         owner: &OwnerId,
         ttl: Duration,
     ) -> Result<Acquire, LeaseError> {
-        self.lease_retrying(|| self.try_acquire_once(name, owner, ttl))
-            .await
+        check_ttl(ttl)?;
+        if let Some(last) = self.held.last_ended(name) {
+            let granted = self
+                .lease_retrying(|| {
+                    lease_cycle::grant(&self.pool, &self.clock, name, owner, ttl, last)
+                })
+                .await?;
+            if let Some(lease) = granted {
+                tracing::debug!(lease = %name, %owner, token = %lease.token, "lease granted in place");
+                self.held.live(&lease);
+                return Ok(Acquire::Granted(lease));
+            }
+        }
+        let answer = self
+            .lease_retrying(|| self.try_acquire_once(name, owner, ttl))
+            .await?;
+        if let Acquire::Granted(lease) = &answer {
+            self.held.live(lease);
+        }
+        Ok(answer)
     }
 
     async fn renew(
@@ -477,8 +552,14 @@ impl LeaseStore for MysqlStore {
         ttl: Duration,
     ) -> Result<Renew, LeaseError> {
         let change = Change(self);
-        self.lease_retrying(|| change.renew(name, owner, token, ttl))
-            .await
+        let answer = self
+            .lease_retrying(|| change.renew(name, owner, token, ttl))
+            .await?;
+        match &answer {
+            Renew::Renewed(lease) => self.held.live(lease),
+            Renew::NotHolder { .. } => self.held.forget(name),
+        }
+        Ok(answer)
     }
 
     async fn release(
@@ -487,15 +568,12 @@ impl LeaseStore for MysqlStore {
         owner: &OwnerId,
         token: FencingToken,
     ) -> Result<Release, LeaseError> {
-        if let Some(released) = self
-            .lease_retrying(|| self.release_held_once(name, owner, token))
-            .await?
-        {
-            return Ok(released);
+        let answer = self.release_any(name, owner, token).await?;
+        match &answer {
+            Release::Released { .. } => self.held.ended(name, token),
+            Release::NotHolder { .. } => self.held.forget(name),
         }
-        let change = Change(self);
-        self.lease_retrying(|| change.release(name, owner, token))
-            .await
+        Ok(answer)
     }
 
     async fn force_release(
@@ -503,6 +581,7 @@ impl LeaseStore for MysqlStore {
         name: &LeaseName,
         reason: &str,
     ) -> Result<Option<Lease>, LeaseError> {
+        self.held.forget(name);
         let change = Change(self);
         let removed = self
             .lease_retrying(|| change.force_release(name, reason))
@@ -513,7 +592,7 @@ impl LeaseStore for MysqlStore {
 
     async fn show(&self, name: &LeaseName) -> Result<LeaseStatus, LeaseError> {
         let snap = self
-            .lease_retrying(|| snapshot(&self.pool, &self.clock, name))
+            .lease_retrying(|| snapshot(&self.pool, &self.clock, name, false))
             .await?;
         Ok(snap.status(name))
     }
@@ -597,6 +676,26 @@ mod tests {
             assert!(
                 sql.contains(&format!("'{}'", kind.as_str())),
                 "{kind} missing from the CHECK"
+            );
+        }
+    }
+
+    #[test]
+    fn in_place_drops_each_trigger_and_procedure_before_creating_it() {
+        let statements = [7, 8]
+            .into_iter()
+            .flat_map(|v| crate::migrate::split_statements(crate::migrate::migration(v).sql))
+            .collect::<Vec<_>>();
+        assert_eq!(statements.len(), 14);
+        for pair in statements.chunks(2) {
+            let (kind, name) = pair[0]
+                .strip_prefix("DROP ")
+                .and_then(|s| s.split_once(" IF EXISTS "))
+                .expect("a drop first");
+            let create = pair[1].trim_start();
+            assert!(
+                create.starts_with(&format!("CREATE {kind} {name}")),
+                "{name}"
             );
         }
     }

@@ -11,7 +11,9 @@
 //!   (two round trips), or read first when this store saw the scope lately
 //!   ([`idem_store_kit::recent`]: one round trip for hot replays). [`idem_core::decide`] reads
 //!   the record; a takeover is a compare-and-set on the version it read; finish and
-//!   heartbeat are compare-and-sets on `(version, owner, state = PROCESSING)`.
+//!   heartbeat are compare-and-sets on `(version, owner, state = PROCESSING)`. A finish
+//!   is that one statement: the claim's token keeps what the statement cannot hand back
+//!   (`kept.rs`); a token without it (deserialized) reads those back.
 //! - The transactional form ([`MysqlStore::claim_in_tx`], [`MysqlStore::insert_final_in_tx`],
 //!   [`MysqlStore::finish_in_tx`]): the record commits or rolls back with the caller's
 //!   business rows.
@@ -45,7 +47,9 @@
 //! (MariaDB, and MySQL only from 8.0.29), `ascii_bin` / `utf8mb4_bin` collations (the
 //! `utf8mb4_0900_*` ones are MySQL-only), `MEDIUMTEXT` for stored headers (MySQL's
 //! binary `JSON` type is MariaDB's `LONGTEXT`). With binary logging on, creating the
-//! lease triggers needs `SUPER` or `log_bin_trust_function_creators = 1` on both.
+//! lease triggers needs `SUPER` or `log_bin_trust_function_creators = 1` on both, and
+//! the in-place release, which reads the clock after its row lock (`SYSDATE`), is logged
+//! by row (`binlog_format` `MIXED` or `ROW`).
 //!
 //! # What it must not do
 //! - Read time from the caller: every deadline comes from the server clock
@@ -55,7 +59,9 @@
 //! - Delete records outside retention, or touch tables other than its own.
 
 mod error;
+mod kept;
 mod lease;
+mod lease_cycle;
 mod migrate;
 mod retention;
 mod row;
@@ -69,8 +75,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::store::{lease_millis, verdict, Verdict};
 use idem_core::{
-    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
-    Record, Scope, StoreError, StoreLimits,
+    Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Fingerprint, Finish, IdempotencyStore,
+    Millis, Principal, Record, Scope, StoreError, StoreLimits,
 };
 use idem_store_kit::RecentKeys;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
@@ -217,6 +223,8 @@ pub struct MysqlStore {
     limits: StoreLimits,
     clock: ClockShift,
     recent: Arc<RecentKeys>,
+    /// The leases this store granted or ended, for the one-statement cycle.
+    held: Arc<lease_cycle::Held>,
     sql: Arc<Statements>,
     reruns: Arc<AtomicU64>,
     retries: Arc<AtomicU64>,
@@ -271,6 +279,7 @@ impl MysqlStore {
             limits: options.limits,
             clock: options.clock,
             recent: Arc::new(RecentKeys::new(options.recent_capacity)),
+            held: Arc::default(),
             sql: Arc::new(Statements::new()),
             reruns: Arc::new(AtomicU64::new(0)),
             retries: Arc::new(AtomicU64::new(0)),
@@ -501,7 +510,12 @@ impl MysqlStore {
         match done {
             Ok(done) => {
                 let lease = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
-                Ok(Some(ClaimToken::of(req, 1, lease, 1, ClaimKind::Fresh)))
+                // One `NOW(3)` per statement: the record was created `lease_ms` before
+                // its deadline.
+                Ok(Some(
+                    ClaimToken::of(req, 1, lease, 1, ClaimKind::Fresh)
+                        .with_written(kept::keep(req, lease - lease_ms)),
+                ))
             }
             Err(e) if error::error_number(&e) == Some(error::DUP_ENTRY) => Ok(None),
             Err(e) => Err(error::map_err("claim", e)),
@@ -560,13 +574,10 @@ impl MysqlStore {
         let lease = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
         let version = seen.version + 1;
         tracing::debug!(scope = %req.scope, owner = %req.owner, version, ?kind, "takeover");
-        Ok(Some(ClaimToken::of(
-            req,
-            version,
-            lease,
-            seen.attempts + 1,
-            kind,
-        )))
+        Ok(Some(
+            ClaimToken::of(req, version, lease, seen.attempts + 1, kind)
+                .with_written(kept::keep(req, seen.created_at)),
+        ))
     }
 
     async fn finish_on(
@@ -598,33 +609,22 @@ impl MysqlStore {
         if done.rows_affected() == 1 {
             self.recent.note(&token.scope);
             let at = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
-            // Principal, fingerprint and creation time never change while the row
-            // exists (a takeover must match the first two), so reading them after the
-            // compare-and-set reads this record's.
-            let row = sqlx::query(sql::FINISHED_READ)
-                .bind(token.scope.tenant.as_str())
-                .bind(token.scope.key.as_str())
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(|e| error::map_err("finish", e))?
-                .ok_or_else(|| {
-                    StoreError::Backend(format!(
-                        "mysql finish: {} was removed right after it finished",
-                        token.scope
-                    ))
-                })?;
+            let (principal, fingerprint, created_at) = match kept::kept(token) {
+                Some(kept) => kept,
+                None => self.finished_read(conn, token).await?,
+            };
             return Ok(Record {
                 tenant: token.scope.tenant.clone(),
                 key: token.scope.key.clone(),
-                principal: idem_store_kit::row::principal(row::get(&row, "principal")?)?,
-                fingerprint: idem_store_kit::row::fingerprint(row::get(&row, "fingerprint")?)?,
+                principal,
+                fingerprint,
                 state: finish.state,
                 version: token.version + 1,
                 owner: Some(token.owner.clone()),
                 lease_expires_at: None,
                 result: finish.result,
                 attempts: token.attempt,
-                created_at: row::get(&row, "created_at")?,
+                created_at,
                 updated_at: at,
                 completed_at: finish.state.is_terminal().then_some(at),
             });
@@ -647,6 +647,34 @@ impl MysqlStore {
             }
         }
         Err(StoreError::superseded(token))
+    }
+
+    /// What a finish cannot rebuild from a token that kept nothing (one deserialized, or
+    /// from another process). Principal, fingerprint and creation time never change while
+    /// the row exists (a takeover must match the first two), so reading them after the
+    /// compare-and-set reads this record's.
+    async fn finished_read(
+        &self,
+        conn: &mut MySqlConnection,
+        token: &ClaimToken,
+    ) -> Result<(Principal, Fingerprint, Millis), StoreError> {
+        let row = sqlx::query(sql::FINISHED_READ)
+            .bind(token.scope.tenant.as_str())
+            .bind(token.scope.key.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| error::map_err("finish", e))?
+            .ok_or_else(|| {
+                StoreError::Backend(format!(
+                    "mysql finish: {} was removed right after it finished",
+                    token.scope
+                ))
+            })?;
+        Ok((
+            idem_store_kit::row::principal(row::get(&row, "principal")?)?,
+            idem_store_kit::row::fingerprint(row::get(&row, "fingerprint")?)?,
+            row::get(&row, "created_at")?,
+        ))
     }
 
     async fn extend_on(

@@ -78,6 +78,32 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             include_str!("../sql/idem_lease_release.sql"),
         ),
     ),
+    // Leases kept in place: triggers write a grant's and a release's evidence in the
+    // statement that makes it and keep a deleted row's token in the counter; the
+    // procedures grant over an ended row and end a released one in place. Migration 7
+    // installs the same procedure texts (a fresh database runs both); this moves an
+    // existing one on.
+    Migration::new(
+        8,
+        "idem_leases_in_place",
+        concat!(
+            include_str!("../sql/idem_leases_granted.sql"),
+            include_str!("../sql/idem_leases_changed.sql"),
+            include_str!("../sql/idem_leases_deleted.sql"),
+            include_str!("../sql/idem_lease_acquire.sql"),
+            include_str!("../sql/idem_lease_release.sql"),
+        ),
+    ),
+    // `idem_claim` and `idem_finish` again, cheaper on the server (fewer statements per
+    // call); migration 5 installs the same texts, this moves an existing database on.
+    Migration::new(
+        9,
+        "idem_procedures_leaner",
+        concat!(
+            include_str!("../sql/idem_claim.sql"),
+            include_str!("../sql/idem_finish.sql"),
+        ),
+    ),
 ];
 
 const _: () = assert!(migrate::ascending(MIGRATIONS));

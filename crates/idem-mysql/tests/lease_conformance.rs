@@ -10,7 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::MyHarness;
 use idem_conformance::lease::LeaseHarness;
-use idem_core::{ClockShift, FencingToken, Lease, LeaseError, LeaseName, LeaseStore, OwnerId};
+use idem_core::{
+    ClockShift, FencingToken, Lease, LeaseError, LeaseEventKind, LeaseName, LeaseStore, OwnerId,
+};
 use idem_mysql::MysqlStore;
 use sqlx::Executor;
 use tokio::sync::OnceCell;
@@ -276,4 +278,96 @@ async fn acquire_64_way_races_repeated() {
         "acquire races: {} calls ran again after a lock conflict",
         store.lock_conflicts()
     );
+}
+
+/// The holder's cycle keeps one lease row in place: a release ends it (no owner, the
+/// token kept) and the next grant takes it with token + 1, one statement each way for
+/// the store that did the last change, through the procedures for another; the evidence
+/// is every grant and release once, with the times the calls answered.
+#[tokio::test]
+async fn cycles_keep_the_row_in_place_with_their_evidence() {
+    let Some(h) = harness().await else { return };
+    let (one, other) = (h.my.store().await, h.my.store().await);
+    let name = idem_conformance::lease::fresh_name("in-place");
+    let ttl = Duration::from_secs(30);
+    let mut answered = Vec::new();
+    // One store cycles (its second grant and both releases are the one-statement
+    // changes); then another store, which knows nothing of the row, grants and releases.
+    for (store, who) in [(&one, "A"), (&one, "A"), (&other, "B")] {
+        let owner = OwnerId::new(who).unwrap();
+        let lease = store
+            .try_acquire(&name, &owner, ttl)
+            .await
+            .unwrap()
+            .granted()
+            .expect("granted");
+        let released_at = match store.release(&name, &owner, lease.token).await.unwrap() {
+            idem_core::Release::Released {
+                lease: l,
+                released_at,
+            } => {
+                assert_eq!(l, lease);
+                released_at
+            }
+            other => panic!("{other:?}"),
+        };
+        assert!(released_at >= lease.acquired_at);
+        answered.push((lease, released_at));
+    }
+    let tokens: Vec<i64> = answered.iter().map(|(l, _)| l.token.get()).collect();
+    assert_eq!(tokens, [1, 2, 3]);
+    let (rows, owner, token): (i64, String, i64) =
+        sqlx::query_as("SELECT COUNT(*), MAX(owner), MAX(token) FROM idem_leases WHERE name = ?")
+            .bind(name.as_str())
+            .fetch_one(one.pool())
+            .await
+            .unwrap();
+    assert_eq!((rows, owner.as_str(), token), (1, "", 3), "one ended row");
+    let status = one.show(&name).await.unwrap();
+    assert_eq!(status.holder, None);
+    assert_eq!(status.last_token, Some(FencingToken::new(3)));
+
+    let events = one.events(&name, 100).await.unwrap();
+    let mut expected = Vec::new();
+    for (lease, released_at) in &answered {
+        expected.push((
+            LeaseEventKind::Acquired,
+            lease.acquired_at,
+            lease.token,
+            lease.expires_at,
+        ));
+        expected.push((
+            LeaseEventKind::Released,
+            *released_at,
+            lease.token,
+            lease.expires_at,
+        ));
+    }
+    let got: Vec<_> = events
+        .iter()
+        .map(|e| {
+            assert_eq!(
+                e.owner.as_ref().map(OwnerId::as_str),
+                Some(if e.token.unwrap().get() < 3 { "A" } else { "B" })
+            );
+            (e.kind, e.at, e.token.unwrap(), e.expires_at.unwrap())
+        })
+        .collect();
+    assert_eq!(got, expected);
+
+    // A memory that went stale (the other store granted since) changes nothing: the
+    // grant falls back and answers the live holder, and the stale release is refused.
+    let b = other
+        .try_acquire(&name, &OwnerId::new("B").unwrap(), ttl)
+        .await
+        .unwrap()
+        .granted()
+        .unwrap();
+    let a = OwnerId::new("A").unwrap();
+    match one.try_acquire(&name, &a, ttl).await.unwrap() {
+        idem_core::Acquire::Held { holder, .. } => assert_eq!(holder, b),
+        other => panic!("{other:?}"),
+    }
+    let stale = one.release(&name, &a, answered[1].0.token).await.unwrap();
+    assert!(matches!(stale, idem_core::Release::NotHolder { current: Some(ref l) } if *l == b));
 }

@@ -538,6 +538,51 @@ async fn times_are_server_milliseconds() {
     assert!((now - ours).abs() < 1000, "{now} vs {ours}");
 }
 
+/// A finish answers the stored record whether its token kept the claim's principal,
+/// fingerprint and creation time (the finish is one statement) or crossed a process
+/// boundary without them (they are read back), after a fresh claim and a takeover.
+#[tokio::test]
+async fn finish_answers_the_stored_record_with_or_without_what_the_token_kept() {
+    let Some(h) = harness().await else { return };
+    let store = h.store().await;
+    let t = fresh_tenant();
+    for through_json in [false, true] {
+        let key = format!("kept-{through_json}");
+        let carry = |tok: ClaimToken| -> ClaimToken {
+            if through_json {
+                serde_json::from_str(&serde_json::to_string(&tok).unwrap()).unwrap()
+            } else {
+                tok
+            }
+        };
+        let first = carry(proceed(
+            store.claim(&request(&t, &key, "p", "o1")).await.unwrap(),
+        ));
+        let failed = store
+            .finish(
+                &first,
+                Finish {
+                    state: RecordState::FailedRetryable,
+                    result: None,
+                },
+            )
+            .await
+            .unwrap();
+        let scope = scope(&t, &key);
+        assert_eq!(Some(&failed), store.get(&scope).await.unwrap().as_ref());
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let retry = carry(proceed(
+            store.claim(&request(&t, &key, "p", "o2")).await.unwrap(),
+        ));
+        assert_eq!(retry.version, 3);
+        let done = store.finish(&retry, succeeded("x")).await.unwrap();
+        let stored = store.get(&scope).await.unwrap().unwrap();
+        assert_eq!(done, stored);
+        assert_eq!(done.created_at, failed.created_at, "the first claim's time");
+        assert!(done.updated_at > done.created_at);
+    }
+}
+
 #[tokio::test]
 async fn unreachable_is_unavailable_and_bad_urls_are_invalid() {
     let err = MysqlStore::connect("mysql://root@127.0.0.1:1/test", {
