@@ -155,6 +155,33 @@ pub(crate) fn migration(version: i64) -> &'static Migration {
         .expect("a released version")
 }
 
+/// The CREATE statements of migrations `versions`, each checked to follow a `DROP … IF
+/// EXISTS` of the same trigger or procedure (so the migration runs again safely).
+#[cfg(test)]
+pub(crate) fn creates_after_drops(versions: &[i64]) -> Vec<&'static str> {
+    let statements: Vec<_> = versions
+        .iter()
+        .flat_map(|v| split_statements(migration(*v).sql))
+        .collect();
+    assert_eq!(statements.len() % 2, 0, "a drop and a create each");
+    statements
+        .chunks(2)
+        .map(|pair| {
+            let (kind, name) = pair[0]
+                .strip_prefix("DROP ")
+                .and_then(|s| s.split_once(" IF EXISTS "))
+                .expect("a drop first");
+            let create = pair[1].trim_start();
+            let object = format!("CREATE {kind} {name}");
+            assert!(create.starts_with(&object), "{name}");
+            // The name ends there, not as the prefix of a longer one.
+            let next = create[object.len()..].chars().next();
+            assert!(matches!(next, Some('(' | ' ' | '\n')), "{name}");
+            create
+        })
+        .collect()
+}
+
 /// `x` of a `DELIMITER x` line.
 fn delimiter_directive(line: &str) -> Option<&str> {
     let (word, rest) = line.split_once(char::is_whitespace)?;
