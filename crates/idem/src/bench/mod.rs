@@ -75,12 +75,16 @@ enum BenchCommand {
     /// The server `bench callgrind` runs under valgrind; stops when stdin ends.
     #[command(hide = true)]
     CallgrindServe {
+        /// What runs under valgrind: gateway or layer.
         #[arg(long)]
         target: String,
+        /// The upstream the gateway forwards to.
         #[arg(long)]
         upstream: std::net::SocketAddr,
+        /// The Redis the layer's store uses.
         #[arg(long)]
         redis_url: Option<String>,
+        /// The key prefix of this run (removed afterwards).
         #[arg(long)]
         prefix: String,
     },
