@@ -5,9 +5,9 @@
 //! Both sides execute one request once and then repeat it, one call at a time, for the
 //! same time; every repeat is a replay. idem's call is what a caller of the store does per
 //! request: fingerprint the JSON body (canonical, SHA-256) and claim, which answers with
-//! the stored result. Powertools' is its `idempotent_function` as it ships (payload hash,
-//! its Redis reads). The sides alternate `rounds` times so drift in the machine's load
-//! hits both. The peer runs from `peers/powertools/run.sh` (a virtualenv of pinned
+//! the stored result, on one thread (the peer is one Python thread). Powertools' is its
+//! `idempotent_function` as it ships (payload hash, its Redis reads). The sides alternate
+//! `rounds` times so drift in the machine's load hits both. The peer runs from `peers/powertools/run.sh` (a virtualenv of pinned
 //! versions, made on first use).
 //!
 //! Owns only the measurement: it must not configure either side beyond its defaults.
@@ -97,6 +97,21 @@ const BODY: &str = r#"{"user_id":"U-7318","show_id":"S-204","seats":2}"#;
 
 /// Runs both sides, alternating, and removes every key either wrote.
 pub async fn bench(options: PowertoolsOptions) -> Result<PowertoolsReport, BenchError> {
+    // One caller on one thread, as the peer is one Python thread: the store's connection
+    // and its caller share a current-thread runtime, so a reply wakes the caller without
+    // a hop between worker threads.
+    tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| BenchError::Setup(format!("a runtime for the bench: {e}")))?
+            .block_on(on_one_thread(options))
+    })
+    .await
+    .map_err(|e| BenchError::Setup(format!("the bench's thread: {e}")))?
+}
+
+async fn on_one_thread(options: PowertoolsOptions) -> Result<PowertoolsReport, BenchError> {
     let run = uuid::Uuid::now_v7().simple().to_string();
     let prefix = format!("idem-bench-pt-{run}");
     let mut open = idem_sql::OpenOptions::default();

@@ -189,9 +189,25 @@ impl Fingerprinter {
         // v1 digest never equals a v2 one. Exact numbers kept v2: bodies whose numbers
         // JCS already wrote as sent keep their digest, so their retries still replay.
         field(b"v2", b"idem-fingerprint");
-        field(b"m", req.method.to_ascii_uppercase().as_bytes());
-        field(b"u", canonical_path(req.path).as_bytes());
-        field(b"q", canonical_query(req.query).as_bytes());
+        // The common forms are hashed as they are, without a copy: an uppercase method,
+        // a path already canonical, no query.
+        let method = if req.method.bytes().any(|b| b.is_ascii_lowercase()) {
+            std::borrow::Cow::Owned(req.method.to_ascii_uppercase())
+        } else {
+            std::borrow::Cow::Borrowed(req.method)
+        };
+        field(b"m", method.as_bytes());
+        let already_canonical =
+            !req.path.is_empty() && req.path.bytes().all(|b| is_unreserved(b) || is_reserved(b));
+        if already_canonical {
+            field(b"u", req.path.as_bytes());
+        } else {
+            field(b"u", canonical_path(req.path).as_bytes());
+        }
+        match req.query {
+            None | Some("") => field(b"q", b""),
+            query => field(b"q", canonical_query(query).as_bytes()),
+        }
         field(b"p", req.principal.as_bytes());
         let mut chosen: Vec<(String, &str)> = req
             .headers
@@ -222,6 +238,9 @@ impl Fingerprinter {
         let declared_json = content_type.map(is_json_media_type);
         if declared_json == Some(false) || body.is_empty() {
             return Ok(None);
+        }
+        if self.omit_fields.is_empty() {
+            return canonical_text(body, &[]);
         }
         let paths: Vec<Vec<&str>> = self
             .omit_fields
@@ -356,13 +375,13 @@ fn normalise_escapes(s: &str, out: &mut String) {
 }
 
 fn is_json_media_type(ct: &str) -> bool {
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json" || essence.ends_with("+json")
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    let suffix = essence
+        .len()
+        .checked_sub(5)
+        .and_then(|at| essence.get(at..));
+    essence.eq_ignore_ascii_case("application/json")
+        || suffix.is_some_and(|s| s.eq_ignore_ascii_case("+json"))
 }
 
 /// The canonical JSON text of `json` (see the module docs), or `Ok(None)` when it is not

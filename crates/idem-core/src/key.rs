@@ -46,6 +46,13 @@ fn validate(what: &'static str, s: &str, max: usize, reserved: &[char]) -> Resul
     if s.is_empty() {
         return Err(KeyError::Empty { what });
     }
+    // The common case on bytes (visible ASCII is one byte per char); the walk below
+    // only runs to name what is wrong.
+    let fine =
+        |b: &u8| (b'!'..=b'~').contains(b) && !reserved.iter().any(|&r| r as u32 == u32::from(*b));
+    if s.len() <= max && s.as_bytes().iter().all(fine) {
+        return Ok(());
+    }
     // Checked on chars so a multibyte character reports its position, not a byte offset.
     for (position, c) in s.chars().enumerate() {
         if !('!'..='~').contains(&c) {

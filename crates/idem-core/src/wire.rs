@@ -290,16 +290,39 @@ pub fn http_date(epoch_ms: i64) -> String {
     let days = secs.div_euclid(86_400);
     let sod = secs.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
-    format!(
-        "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
-        DAYS[days.rem_euclid(7) as usize],
-        day,
-        MONTHS[(month - 1) as usize],
-        year,
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    let weekday = DAYS[days.rem_euclid(7) as usize];
+    let month = MONTHS[(month - 1) as usize];
+    if !(0..=9999).contains(&year) {
+        return format!(
+            "{weekday}, {day:02} {month} {year:04} {:02}:{:02}:{:02} GMT",
+            sod / 3600,
+            sod % 3600 / 60,
+            sod % 60
+        );
+    }
+    // Written digit by digit: every replay carries one, and `format!` costs ten times more.
+    let mut out = String::with_capacity(29);
+    let digits = |out: &mut String, n: i64, width: u32| {
+        for place in (0..width).rev() {
+            let digit = (n / 10_i64.pow(place) % 10) as u8;
+            out.push(char::from(b'0' + digit));
+        }
+    };
+    out.push_str(weekday);
+    out.push_str(", ");
+    digits(&mut out, day, 2);
+    out.push(' ');
+    out.push_str(month);
+    out.push(' ');
+    digits(&mut out, year, 4);
+    out.push(' ');
+    digits(&mut out, sod / 3600, 2);
+    out.push(':');
+    digits(&mut out, sod % 3600 / 60, 2);
+    out.push(':');
+    digits(&mut out, sod % 60, 2);
+    out.push_str(" GMT");
+    out
 }
 
 /// Howard Hinnant's days-to-civil: proleptic Gregorian date of a day count since 1970.
@@ -425,5 +448,27 @@ mod tests {
             http_date(4_102_444_799_999),
             "Thu, 31 Dec 2099 23:59:59 GMT"
         );
+        // The digit-by-digit writer against the formatter, over the years either side of
+        // its fallback.
+        let formatted = |ms: i64| {
+            let secs = ms.div_euclid(1000);
+            let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+            let (y, m, d) = civil_from_days(days);
+            let wd = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][days.rem_euclid(7) as usize];
+            let mon = [
+                "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+            ][(m - 1) as usize];
+            format!(
+                "{wd}, {d:02} {mon} {y:04} {:02}:{:02}:{:02} GMT",
+                sod / 3600,
+                sod % 3600 / 60,
+                sod % 60
+            )
+        };
+        let mut ms = -62_200_000_000_000_i64;
+        while ms < 253_500_000_000_000 {
+            assert_eq!(http_date(ms), formatted(ms), "{ms}");
+            ms += 86_399_999_937;
+        }
     }
 }

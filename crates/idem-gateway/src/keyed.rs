@@ -95,9 +95,11 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
                 decision = tracing::field::Empty,
                 store_ms = tracing::field::Empty,
             );
-            // A task of its own, so a client hanging up cannot cancel the flight.
+            // A task of its own, so a client hanging up cannot cancel the flight. Boxed:
+            // the task's cell holds a pointer, not the flight's state machine (about
+            // 10 KB), which the runtime would copy at each change of the task's stage.
             tokio::spawn(tracing::Instrument::instrument(
-                fly(ctx.clone(), req, lead, slot),
+                Box::pin(fly(ctx.clone(), req, lead, slot)),
                 span,
             ));
             (follower, true)

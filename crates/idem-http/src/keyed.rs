@@ -74,7 +74,9 @@ where
         let scope = Scope::new(identity.tenant.clone(), key.clone());
         (sink, scope, identity.principal.clone())
     });
-    let answer = async move {
+    // Boxed, and its rare paths within it: the task holds this request's state by
+    // pointer, and what a path never taken would need is not copied with it.
+    let answer = Box::pin(async move {
         let body = match read_body(&parts, body, shared.config.max_request_body).await {
             Ok(body) => body,
             Err(refusal) => return refuse(&shared, refusal),
@@ -105,14 +107,14 @@ where
         // record swept to the archive in between would look fresh to the handler's
         // claim): such a layer claims ahead on every route.
         if rules.claim == ClaimMode::InTransaction && shared.archive.is_none() {
-            return crate::execute::in_transaction(
+            return Box::pin(crate::execute::in_transaction(
                 shared.clone(),
                 inner,
                 parts,
                 body,
                 claim_request,
                 rules,
-            )
+            ))
             .await;
         }
         let handler = Handler {
@@ -132,11 +134,11 @@ where
                 tracing::warn!(error = %e, %scope, "idempotency store unavailable; failing open");
                 shared.metrics.decision(Decision::Bypassed);
                 let request = Request::from_parts(handler.parts, ReqB::from(handler.body));
-                pass_through(handler.inner, request).await
+                Box::pin(pass_through(handler.inner, request)).await
             }
             Err((e, _)) => store_failed(&shared, &e, scope),
         }
-    };
+    });
     match arrival {
         None => answer.await,
         Some((sink, scope, principal)) => {

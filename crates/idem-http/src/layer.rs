@@ -229,8 +229,12 @@ where
         } else {
             span
         };
-        let task =
-            tokio::spawn(crate::keyed::serve(shared, inner, request, rules).instrument(span));
+        // Boxed: the task's cell holds a pointer, not the request's state machine (over
+        // 10 KB), which the runtime would otherwise copy at each change of the task's
+        // stage (spawned, finished, output taken).
+        let task = tokio::spawn(
+            Box::pin(crate::keyed::serve(shared, inner, request, rules)).instrument(span),
+        );
         ResponseFuture {
             kind: Kind::Keyed { task },
         }

@@ -136,6 +136,23 @@ struct Inner {
     conflicts: Family<ConflictLabels, Counter>,
     executions: Family<ExecutionLabels, Counter>,
     finish_errors: Counter,
+    /// The families' series, resolved once: counting takes no family lock and no hash.
+    /// Indexed by each enum's position in its `ALL` (its declaration order).
+    request_series: Vec<Counter>,
+    conflict_series: Vec<Counter>,
+    /// `outcome * 2 + finished_by`.
+    execution_series: Vec<Counter>,
+}
+
+fn finished_by_index(by: FinishedBy) -> usize {
+    match by {
+        FinishedBy::Pipeline => 0,
+        FinishedBy::Handler => 1,
+    }
+}
+
+fn execution_index(outcome: ExecutionOutcome, by: FinishedBy) -> usize {
+    outcome as usize * FINISHED_BY.len() + finished_by_index(by)
 }
 
 /// A cheap-to-clone handle on the layer's counters.
@@ -154,19 +171,28 @@ impl IdempotencyMetrics {
     /// Every series starts at zero (a family with no series is not exported at all, and
     /// a rate over a series that appears mid-incident misses its first increments).
     pub fn new() -> Self {
-        let inner = Inner::default();
-        for &decision in Decision::ALL {
-            let _ = inner.requests.get_or_create(&DecisionLabels { decision });
+        let mut inner = Inner::default();
+        for (i, &decision) in Decision::ALL.iter().enumerate() {
+            debug_assert_eq!(decision as usize, i);
+            let series = inner.requests.get_or_create(&DecisionLabels { decision });
+            inner.request_series.push(series.clone());
         }
-        for &kind in Conflict::ALL {
-            let _ = inner.conflicts.get_or_create(&ConflictLabels { kind });
+        for (i, &kind) in Conflict::ALL.iter().enumerate() {
+            debug_assert_eq!(kind as usize, i);
+            let series = inner.conflicts.get_or_create(&ConflictLabels { kind });
+            inner.conflict_series.push(series.clone());
         }
         for &outcome in ExecutionOutcome::ALL {
             for finished_by in FINISHED_BY {
-                let _ = inner.executions.get_or_create(&ExecutionLabels {
+                debug_assert_eq!(
+                    execution_index(outcome, finished_by),
+                    inner.execution_series.len()
+                );
+                let series = inner.executions.get_or_create(&ExecutionLabels {
                     outcome,
                     finished_by,
                 });
+                inner.execution_series.push(series.clone());
             }
         }
         Self {
@@ -202,30 +228,18 @@ impl IdempotencyMetrics {
     pub(crate) fn decision(&self, decision: Decision) {
         decision.on_span();
         crate::arrivals::note(decision.arrival());
-        self.inner
-            .requests
-            .get_or_create(&DecisionLabels { decision })
-            .inc();
+        self.inner.request_series[decision as usize].inc();
         let conflict = match decision {
             Decision::Replayed => Conflict::Replayed,
             Decision::InProgress => Conflict::InProgress,
             Decision::Mismatch => Conflict::Mismatch,
             _ => return,
         };
-        self.inner
-            .conflicts
-            .get_or_create(&ConflictLabels { kind: conflict })
-            .inc();
+        self.inner.conflict_series[conflict as usize].inc();
     }
 
     pub(crate) fn execution(&self, outcome: ExecutionOutcome, finished_by: FinishedBy) {
-        self.inner
-            .executions
-            .get_or_create(&ExecutionLabels {
-                outcome,
-                finished_by,
-            })
-            .inc();
+        self.inner.execution_series[execution_index(outcome, finished_by)].inc();
     }
 
     pub(crate) fn finish_error(&self) {
@@ -234,29 +248,17 @@ impl IdempotencyMetrics {
 
     /// Requests counted under `decision` so far.
     pub fn requests(&self, decision: Decision) -> u64 {
-        self.inner
-            .requests
-            .get_or_create(&DecisionLabels { decision })
-            .get()
+        self.inner.request_series[decision as usize].get()
     }
 
     /// Duplicate arrivals of `kind` so far.
     pub fn conflicts(&self, kind: Conflict) -> u64 {
-        self.inner
-            .conflicts
-            .get_or_create(&ConflictLabels { kind })
-            .get()
+        self.inner.conflict_series[kind as usize].get()
     }
 
     /// Executions that ended in `outcome`, finished by `finished_by`, so far.
     pub fn executions(&self, outcome: ExecutionOutcome, finished_by: FinishedBy) -> u64 {
-        self.inner
-            .executions
-            .get_or_create(&ExecutionLabels {
-                outcome,
-                finished_by,
-            })
-            .get()
+        self.inner.execution_series[execution_index(outcome, finished_by)].get()
     }
 
     pub fn finish_errors(&self) -> u64 {

@@ -101,7 +101,8 @@ impl Pipeline<'_> {
         };
         let waited = claimed.waited;
         let answer = match claimed.claim {
-            Claim::Proceed(token) => Answer::Fresh(self.execute(&token, execution).await),
+            // Boxed: only a claim that proceeds pays for the run's state.
+            Claim::Proceed(token) => Answer::Fresh(Box::pin(self.execute(&token, execution)).await),
             claim => {
                 let claimed = Claimed { claim, waited };
                 of_claim(claimed, self.in_progress, self.executions.is_cancelled())
