@@ -25,7 +25,7 @@ import uuid
 
 from flask import Flask, Response, request
 
-from db import open_db
+from db import open_db, order_answer
 from fingerprint import DuplicateMember, fingerprint
 
 TENANT = "python-orders"
@@ -107,14 +107,13 @@ def create_app(url: str, schema: str) -> Flask:
                     return problem(422, "this Idempotency-Key was used with another request")
                 if delay:
                     time.sleep(delay)
-                order_id = db.insert(conn, tenant, key, sku, quantity)
                 if key == hold_key:
+                    db.insert(conn, tenant, key, sku, quantity)
                     open(hold_file, "w").close()
                     time.sleep(600)
-                answer = json.dumps({"id": order_id, "sku": sku, "quantity": quantity}).encode()
-                answer_headers = [["content-type", "application/json"]]
-                db.finish(conn, tenant, key, owner, version, 201, json.dumps(answer_headers),
-                          answer, f"order:{order_id}")
+                # The order row and the finish storing this answer, and the commit.
+                _, answer = db.insert_and_finish(conn, tenant, key, owner, version, sku,
+                                                 quantity)
             return Response(answer, 201, mimetype="application/json")
         except Exception as e:
             # Raised out of the transaction block, so it rolled back.
@@ -132,8 +131,7 @@ def create_app(url: str, schema: str) -> Flask:
         sku, quantity = order
         with db.transaction() as conn:
             order_id = db.insert(conn, TENANT, None, sku, quantity)
-        answer = json.dumps({"id": order_id, "sku": sku, "quantity": quantity}).encode()
-        return Response(answer, 201, mimetype="application/json")
+        return Response(order_answer(order_id, sku, quantity), 201, mimetype="application/json")
 
     @app.get("/health")
     def health():

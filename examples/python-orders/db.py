@@ -3,8 +3,24 @@ orders table, a transaction, and the calls of idem's key-state machine (function
 PostgreSQL, procedures on MySQL/MariaDB, with the same arguments and answers)."""
 
 import contextlib
+import json
 import queue
 import urllib.parse
+
+# The headers every stored answer of a create has, as idem_finish takes them.
+ANSWER_HEADERS = json.dumps([["content-type", "application/json"]])
+
+
+def answer_around_id(sku: str, quantity: int):
+    """A create's answer, json.dumps of {"id", "sku", "quantity"}, as the text before and
+    after the order id, which exists only once the row is in."""
+    rest = json.dumps({"sku": sku, "quantity": quantity})
+    return '{"id": ', ", " + rest[1:]
+
+
+def order_answer(order_id: int, sku: str, quantity: int) -> bytes:
+    before, after = answer_around_id(sku, quantity)
+    return f"{before}{order_id}{after}".encode()
 
 
 def open_db(url: str, schema: str):
@@ -81,8 +97,14 @@ class Postgres:
     def insert(self, conn, tenant, key, sku, quantity):
         return conn.execute(self.insert_sql, (tenant, key, sku, quantity)).fetchone()[0]
 
-    def finish(self, conn, *args):
-        conn.execute(self.finish_sql, args)
+    def insert_and_finish(self, conn, tenant, key, owner, version, sku, quantity):
+        """The order row, then the finish storing the create's answer (201) with it.
+        Returns (order id, answer)."""
+        order_id = self.insert(conn, tenant, key, sku, quantity)
+        answer = order_answer(order_id, sku, quantity)
+        conn.execute(self.finish_sql, (tenant, key, owner, version, 201, ANSWER_HEADERS,
+                                       answer, f"order:{order_id}"))
+        return order_id, answer
 
     def invalid_argument(self, e):
         """The message of idem's 'invalid argument' (SQLSTATE ID001), else None."""
@@ -163,14 +185,26 @@ class Mysql:
                       (tenant, key, sku, quantity))
             return c.lastrowid
 
-    def finish(self, conn, tenant, key, owner, version, status, headers, body, ref):
-        """The transaction's last statement: it carries the COMMIT, one round trip for
-        both. A refused finish stops the batch before the COMMIT; the caller rolls back."""
+    def insert_and_finish(self, conn, tenant, key, owner, version, sku, quantity):
+        """The transaction's last round trip: the order row, the finish storing the
+        create's answer (201) and the COMMIT in one batch. The answer holds the order id,
+        so the server puts LAST_INSERT_ID() into it (and into the result reference) and
+        this side builds the same bytes from the insert's id. A refused insert or finish
+        stops the batch before the COMMIT; the caller rolls back. Returns (order id,
+        answer)."""
+        before, after = answer_around_id(sku, quantity)
         with conn.cursor() as c:
-            c.execute("CALL idem_finish(%s, %s, %s, %s, 'succeeded', %s, %s, %s, %s); COMMIT",
-                      (tenant, key, owner, version, status, headers, body, ref))
-            while c.nextset():
+            c.execute("INSERT INTO orders (tenant, idem_key, sku, quantity) "
+                      "VALUES (%s, %s, %s, %s); "
+                      "CALL idem_finish(%s, %s, %s, %s, 'succeeded', 201, %s, "
+                      "CONCAT(%s, LAST_INSERT_ID(), %s), CONCAT('order:', LAST_INSERT_ID())); "
+                      "COMMIT",
+                      (tenant, key, sku, quantity,
+                       tenant, key, owner, version, ANSWER_HEADERS, before, after))
+            order_id = c.lastrowid  # the insert's: the first result of the batch
+            while c.nextset():  # the finish's answer (or its error), its status, the COMMIT
                 pass
+        return order_id, f"{before}{order_id}{after}".encode()
 
     def invalid_argument(self, e):
         if isinstance(e, self.pymysql.err.MySQLError) and e.args and e.args[0] == self.SIGNAL \

@@ -52,17 +52,42 @@ BEGIN
     IF @idem_clock_shift_ms IS NOT NULL THEN
         SET @idem_clock_shift_ms = NULL;
     END IF;
-    CALL idem_check_names(p_tenant, p_key, p_owner);
+    -- The checks of idem_check_names and idem_check_lease, in their order, written out
+    -- here: a nested CALL is a procedure invocation of its own on every claim. Visible
+    -- ASCII is one byte per character (CHAR_LENGTH = OCTET_LENGTH rules out the rest of
+    -- UTF-8) and no byte outside 0x21..0x7E: an unanchored negated class, which also
+    -- refuses a final newline (the anchored '^[!-~]+$' let one through, since `$`
+    -- matches before it) and stops at the first byte it refuses.
+    IF p_tenant IS NULL OR OCTET_LENGTH(p_tenant) NOT BETWEEN 1 AND 128
+       OR CHAR_LENGTH(p_tenant) <> OCTET_LENGTH(p_tenant) OR p_tenant REGEXP '[^!-~]' THEN
+        SIGNAL SQLSTATE 'ID001'
+            SET MESSAGE_TEXT = 'idem: tenant must be 1 to 128 visible ASCII characters';
+    END IF;
+    IF p_key IS NULL OR OCTET_LENGTH(p_key) NOT BETWEEN 1 AND 255
+       OR CHAR_LENGTH(p_key) <> OCTET_LENGTH(p_key) OR p_key REGEXP '[^!-~]'
+       OR LOCATE(',', p_key) > 0 OR LOCATE(';', p_key) > 0 THEN
+        SIGNAL SQLSTATE 'ID001'
+            SET MESSAGE_TEXT = 'idem: key must be 1 to 255 visible ASCII characters other than , and ;';
+    END IF;
+    IF p_owner IS NULL OR OCTET_LENGTH(p_owner) NOT BETWEEN 1 AND 128
+       OR CHAR_LENGTH(p_owner) <> OCTET_LENGTH(p_owner) OR p_owner REGEXP '[^!-~]' THEN
+        SIGNAL SQLSTATE 'ID001'
+            SET MESSAGE_TEXT = 'idem: owner must be 1 to 128 visible ASCII characters';
+    END IF;
     IF p_principal IS NULL OR OCTET_LENGTH(p_principal) NOT BETWEEN 1 AND 128
        OR CHAR_LENGTH(p_principal) <> OCTET_LENGTH(p_principal)
-       OR p_principal NOT REGEXP '^[!-~]+$' THEN
+       OR p_principal REGEXP '[^!-~]' THEN
         SIGNAL SQLSTATE 'ID001'
             SET MESSAGE_TEXT = 'idem: principal must be 1 to 128 visible ASCII characters';
     END IF;
     IF p_fingerprint IS NULL OR OCTET_LENGTH(p_fingerprint) <> 32 THEN
         SIGNAL SQLSTATE 'ID001' SET MESSAGE_TEXT = 'idem: fingerprint must be 32 bytes (SHA-256)';
     END IF;
-    CALL idem_check_lease(p_lease_ms);
+    -- idem_core::MAX_LEASE: 24 hours.
+    IF p_lease_ms IS NULL OR p_lease_ms < 1 OR p_lease_ms > 86400000 THEN
+        SIGNAL SQLSTATE 'ID001'
+            SET MESSAGE_TEXT = 'idem: lease must be between 1 ms and 86400000 ms';
+    END IF;
     SET v_tenant = p_tenant, v_key = p_key, v_principal = p_principal, v_owner = p_owner;
 
     claim: LOOP
@@ -78,6 +103,13 @@ BEGIN
         -- follows a failed insert or a lost compare-and-set: it reads the newest
         -- committed row with a locking read, which also holds under REPEATABLE READ,
         -- where a plain read would see the transaction's older snapshot.
+        -- Not the insert first, though a fresh key is the common case and the read
+        -- costs it a statement: an insert that fails on an existing key leaves InnoDB's
+        -- shared lock on that row until the caller's commit, so every replay,
+        -- in_progress and mismatch would hold one. The holder's finish and heartbeat
+        -- would wait behind an in_progress duplicate's transaction, and two takers of
+        -- an expired or retryable record would both hold the shared lock and deadlock
+        -- on their updates.
         IF v_run = 1 THEN
             SELECT principal, fingerprint, state, version, owner, lease_expires_at,
                    result_status, result_headers, result_body, result_ref, attempts,

@@ -301,6 +301,12 @@ async fn the_procedures_check_their_arguments() {
         claim("'t'", "'a;b'", fp, "'p'", "'o'", "1000"),
         claim("'t'", "'caf\u{e9}'", fp, "'p'", "'o'", "1000"),
         claim("'t'", "'tab\tkey'", fp, "'p'", "'o'", "1000"),
+        // A final newline: `$` of an anchored pattern matches before it.
+        claim("'t'", "'key\n'", fp, "'p'", "'o'", "1000"),
+        claim("'t\n'", "'k'", fp, "'p'", "'o'", "1000"),
+        claim("'t'", "'k'", fp, "'p\n'", "'o'", "1000"),
+        claim("'t'", "'k'", fp, "'p'", "'o\n'", "1000"),
+        claim("'t'", "'del\u{7f}'", fp, "'p'", "'o'", "1000"),
         claim("'t'", &long_key, fp, "'p'", "'o'", "1000"),
         claim(&long_name, "'k'", fp, "'p'", "'o'", "1000"),
         claim("NULL", "'k'", fp, "'p'", "'o'", "1000"),
@@ -345,6 +351,8 @@ async fn the_procedures_check_their_arguments() {
         )
     };
     for sql in [
+        "CALL idem_finish('t', 'k\n', 'o', 1, 'succeeded', 200, NULL, NULL, NULL)".to_string(),
+        "CALL idem_heartbeat('t', 'k', 'o\n', 1, 1000)".to_string(),
         finish("1", "'done'", "200", "NULL", "NULL"),
         finish("0", "'succeeded'", "200", "NULL", "NULL"),
         finish("1", "'succeeded'", "70000", "NULL", "NULL"),
