@@ -81,14 +81,16 @@ macro_rules! name_type {
         $(#[$m])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        // Shared, not owned: a request's names are cloned into its claim, token, record
+        // and flight, and a clone is then a count, not a copy.
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// Validates and wraps the value: 1 to the maximum length of visible ASCII.
             pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
                 let value = value.into();
                 validate($what, &value, $max, &$reserved)?;
-                Ok(Self(value))
+                Ok(Self(value.into()))
             }
 
             pub fn as_str(&self) -> &str {
@@ -112,7 +114,7 @@ macro_rules! name_type {
 
         impl From<$name> for String {
             fn from(value: $name) -> String {
-                value.0
+                value.0.to_string()
             }
         }
 
@@ -139,7 +141,7 @@ impl IdempotencyKey {
     pub fn from_stored(value: impl Into<String>) -> Result<Self, KeyError> {
         let value = value.into();
         validate("idempotency key", &value, MAX_KEY_LEN, &[])?;
-        Ok(Self(value))
+        Ok(Self(value.into()))
     }
 }
 
