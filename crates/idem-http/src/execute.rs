@@ -1,8 +1,8 @@
 //! Running the handler under a claim: the layer's [`Execution`].
 //!
-//! The handler runs in the keyed request's task ([`crate::layer`] spawns one per keyed
-//! request), so a client that disconnects cannot cancel it: the record always reaches a
-//! final state. Panics are caught and a configurable timeout bounds the run; both leave
+//! The handler runs in the keyed request's work, which a client that disconnects
+//! detaches into a task of its own ([`crate::layer`]) rather than cancels: the record
+//! always reaches a final state. Panics are caught and a configurable timeout bounds the run; both leave
 //! the record FAILED_RETRYABLE, never stuck in PROCESSING. So does a shutdown that cuts
 //! running executions off ([`crate::pipeline::Executions::cancel`]): the record is open
 //! for a retry at once instead of after its lease. The response is captured (status,

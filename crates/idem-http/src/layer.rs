@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,7 +16,6 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use idem_core::{ArchiveLookup, ArrivalSink, IdempotencyStore};
-use tokio::task::JoinHandle;
 use tower::{Layer, Service};
 use tracing::Instrument;
 
@@ -209,9 +209,6 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
-        // The one task of a keyed request: a client that hangs up cannot cancel a claim
-        // half-written or strand a record PROCESSING for its whole lease, and the
-        // handler runs in it in place.
         // One span per keyed request: who, which key, what the layer decided and how
         // long the store took (filled in as they become known).
         let span = tracing::info_span!(
@@ -229,22 +226,26 @@ where
         } else {
             span
         };
-        // Boxed: the task's cell holds a pointer, not the request's state machine (over
-        // 10 KB), which the runtime would otherwise copy at each change of the task's
-        // stage (spawned, finished, output taken).
-        let task = tokio::spawn(
-            Box::pin(crate::keyed::serve(shared, inner, request, rules)).instrument(span),
-        );
+        // Run in place by the response future, boxed so that moving it moves a pointer
+        // (the state machine is over 10 KB); a client that hangs up detaches it into a
+        // task of its own (see `ResponseFuture`).
+        let work: KeyedWork =
+            Box::pin(crate::keyed::serve(shared, inner, request, rules).instrument(span));
         ResponseFuture {
-            kind: Kind::Keyed { task },
+            kind: Kind::Keyed { work: Some(work) },
         }
     }
 }
 
+/// A keyed request's work: everything from authentication to the answer.
+type KeyedWork = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
+
 pin_project_lite::pin_project! {
     /// Response future of [`IdempotencyService`]: the inner service's own future for
-    /// requests without a claim, the keyed task's handle otherwise. Dropping it (the
-    /// client went away) does not stop a keyed request: its task runs to the end.
+    /// requests without a claim; for a keyed request, its work, run in place. Dropping
+    /// it (the client went away) does not stop a keyed request: the rest of its work
+    /// is detached into a task of its own and runs to the end, so a claim is never left
+    /// half-written and a record never PROCESSING for its whole lease.
     ///
     /// It never resolves to an error: failures of the inner service become problem
     /// responses.
@@ -252,13 +253,33 @@ pin_project_lite::pin_project! {
         #[pin]
         kind: Kind<F>,
     }
+
+    impl<F> PinnedDrop for ResponseFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            if let KindProj::Keyed { work } = this.project().kind.project() {
+                if let Some(work) = work.take() {
+                    detach(work);
+                }
+            }
+        }
+    }
 }
 
 pin_project_lite::pin_project! {
     #[project = KindProj]
     enum Kind<F> {
         Pass { #[pin] future: F },
-        Keyed { task: JoinHandle<Response<Body>> },
+        Keyed { work: Option<KeyedWork> },
+    }
+}
+
+/// Finishes `work` in a task of its own: its caller is gone, its record is not.
+fn detach(work: KeyedWork) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(work)),
+        // Only outside a runtime, where nothing could run it: the claim frees when its
+        // lease ends.
+        Err(_) => tracing::warn!("a keyed request was dropped outside a runtime"),
     }
 }
 
@@ -277,17 +298,29 @@ where
                 Ok(response) => Poll::Ready(Ok(response.map(boxed))),
                 Err(e) => Poll::Ready(Ok(inner_failed(e.into()))),
             },
-            KindProj::Keyed { task } => match std::task::ready!(Pin::new(task).poll(cx)) {
-                Ok(response) => Poll::Ready(Ok(response)),
-                Err(e) => {
-                    tracing::error!(error = %e, "the keyed request's task failed");
-                    Poll::Ready(Ok(Problem::new(
-                        ProblemKind::ExecutionFailed,
-                        "the request failed",
-                    )
-                    .response()))
+            KindProj::Keyed { work } => {
+                let running = work.as_mut().expect("polled after it completed");
+                // The handler's own panics are caught where it runs; this catches the
+                // layer's, so one request's failure stays that request's.
+                let polled =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx)));
+                match polled {
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Ok(Poll::Ready(response)) => {
+                        *work = None;
+                        Poll::Ready(Ok(response))
+                    }
+                    Err(_) => {
+                        *work = None;
+                        tracing::error!("the keyed request's work panicked");
+                        Poll::Ready(Ok(Problem::new(
+                            ProblemKind::ExecutionFailed,
+                            "the request failed",
+                        )
+                        .response()))
+                    }
                 }
-            },
+            }
         }
     }
 }

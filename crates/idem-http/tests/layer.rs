@@ -900,3 +900,40 @@ async fn a_quoted_key_and_its_token_form_are_one_record() {
     // The quotes are the header's, not the key's.
     assert_eq!(store.get(&scope("t1", "\"k\"")).await.unwrap(), None);
 }
+
+#[tokio::test]
+async fn a_response_future_dropped_unpolled_or_mid_claim_still_finishes_its_record() {
+    use idem_core::IdempotencyStore;
+    use tower::{Layer, Service};
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite(dir.path()).await;
+    let handler = std::sync::Arc::new(Handler::default());
+    let layer = idem_http::IdempotencyLayer::new(store.clone(), auth());
+    let mut svc = layer.layer(app(handler.clone()));
+    let request = |key: &str| {
+        http::Request::post(ORDERS)
+            .header("authorization", format!("Bearer {ALICE}"))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(r#"{"n":1}"#))
+            .unwrap()
+    };
+    // Never polled: the work is detached whole.
+    drop(svc.call(request("dropped-unpolled")));
+    // Polled once (the work has started: authenticated, reading, claiming), then dropped.
+    handler.set_delay(Duration::from_millis(200));
+    let mut started = Box::pin(svc.call(request("dropped-mid-way")));
+    assert!(futures::poll!(started.as_mut()).is_pending());
+    drop(started);
+    for key in ["dropped-unpolled", "dropped-mid-way"] {
+        eventually(&format!("{key} reaches SUCCEEDED"), async || {
+            store
+                .get(&scope("t1", key))
+                .await
+                .unwrap()
+                .is_some_and(|r| r.state == RecordState::Succeeded)
+        })
+        .await;
+    }
+    assert_eq!(handler.calls(), 2);
+}
