@@ -3,8 +3,9 @@
 //! ```text
 //! arrival ─▶ in-flight here? ── same fingerprint ─▶ wait for its outcome (coalesced)
 //!                 │           └─ different ───────▶ 422 at once
-//!                 └─ no ─▶ start a flight (a task of its own, so a client hanging up
-//!                          cannot cancel it) and wait for its outcome like everyone else
+//!                 └─ no ─▶ fly it in place (a leader hanging up detaches the rest into
+//!                          a task of its own, so it is never cancelled), then take its
+//!                          outcome like everyone else
 //!
 //! flight ─▶ the pipeline in the window:
 //!           claim ─ proceed ─▶ forward (heartbeat the lease) ─▶ finish, publish
@@ -43,7 +44,7 @@ use http::header::HeaderValue;
 use http::Response;
 use idem_core::{ClaimRequest, StoreError};
 use idem_http::headers::IDEMPOTENT_REPLAYED;
-use idem_http::pipeline::{Answer, Joined, Lead, NotFinished};
+use idem_http::pipeline::{Answer, Detached, Joined, Lead, NotFinished};
 
 use crate::body::Body;
 use crate::ctx::{client_request_id, request_id, Ctx};
@@ -54,7 +55,7 @@ use crate::upstream::Captured;
 
 /// Handles one keyed arrival: joins the flight for its scope or starts one.
 pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
-    let (follower, leader) = match ctx.flights.join(&req.scope, req.fingerprint) {
+    let (follower, flight) = match ctx.flights.join(&req.scope, req.fingerprint) {
         Joined::Mismatch => {
             return ctx.problem(Problem::new(
                 ProblemKind::KeyReused,
@@ -63,7 +64,7 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
         }
         Joined::Follow(follower) => {
             ctx.metrics.coalesced();
-            (follower, false)
+            (follower, None)
         }
         Joined::Lead(lead, follower) => {
             let Some(slot) = ctx.in_progress.enter(&req.scope.tenant) else {
@@ -95,16 +96,19 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
                 decision = tracing::field::Empty,
                 store_ms = tracing::field::Empty,
             );
-            // A task of its own, so a client hanging up cannot cancel the flight. Boxed:
-            // the task's cell holds a pointer, not the flight's state machine (about
-            // 10 KB), which the runtime would copy at each change of the task's stage.
-            tokio::spawn(tracing::Instrument::instrument(
-                Box::pin(fly(ctx.clone(), req, lead, slot)),
+            // Flown in place by the leader; a leader hanging up hands the rest to a task
+            // of its own, so the flight is never cancelled.
+            let flight = Detached::new(tracing::Instrument::instrument(
+                fly(ctx.clone(), req, lead, slot),
                 span,
             ));
-            (follower, true)
+            (follower, Some(flight))
         }
     };
+    let leader = flight.is_some();
+    if let Some(flight) = flight {
+        flight.await;
+    }
     match follower.outcome().await {
         Some(outcome) => respond(&ctx, &outcome, !leader),
         None => ctx.problem(Problem::new(

@@ -810,3 +810,40 @@ async fn config_file_and_run_with_shutdown() {
         .unwrap();
     assert!(TcpStream::connect(addr).await.is_err(), "stopped listening");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_hanging_up_mid_flight_neither_cancels_it_nor_strands_its_followers() {
+    let up = stub().await;
+    up.state.delay_executions(Duration::from_millis(600));
+    let gw = idem_gateway::start(config(&up.url())).await.unwrap();
+    let base = gw.url();
+    let key = fresh("leader-gone");
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let leader = order(&impatient, &base, &key, r#"{"show":"S-1"}"#);
+    // A follower joins while the leader's flight is at the upstream.
+    let c = client();
+    let follower = {
+        let req = order(&c, &base, &key, r#"{"show":"S-1"}"#);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            req.send().await.unwrap()
+        })
+    };
+    assert!(leader.send().await.is_err(), "the leader hung up");
+    let answered = follower.await.unwrap();
+    assert_eq!(answered.status(), 201);
+    assert_eq!(up.state.calls(&key), 1, "one upstream call");
+    assert_eq!(up.state.executions(&key), 1);
+    // And the key's record was finished: a retry is a replay, with no second call.
+    let retry = order(&c, &base, &key, r#"{"show":"S-1"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 201);
+    assert!(retry.headers().contains_key("idempotent-replayed"));
+    assert_eq!(up.state.calls(&key), 1);
+    gw.stop().await.unwrap();
+}

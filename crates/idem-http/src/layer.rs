@@ -24,7 +24,7 @@ use crate::body::{boxed, Body, BoxError};
 use crate::config::IdempotencyConfig;
 use crate::metrics::IdempotencyMetrics;
 use crate::pipeline::LocalWakeups;
-use crate::pipeline::OwnerIds;
+use crate::pipeline::{Detached, OwnerIds};
 use crate::problem::{inner_failed, Problem, ProblemKind, ProblemResponse};
 use crate::replay::Capture;
 use crate::retention::ReconstructResponse;
@@ -229,16 +229,13 @@ where
         // Run in place by the response future, boxed so that moving it moves a pointer
         // (the state machine is over 10 KB); a client that hangs up detaches it into a
         // task of its own (see `ResponseFuture`).
-        let work: KeyedWork =
-            Box::pin(crate::keyed::serve(shared, inner, request, rules).instrument(span));
+        let work =
+            Detached::new(crate::keyed::serve(shared, inner, request, rules).instrument(span));
         ResponseFuture {
-            kind: Kind::Keyed { work: Some(work) },
+            kind: Kind::Keyed { work },
         }
     }
 }
-
-/// A keyed request's work: everything from authentication to the answer.
-type KeyedWork = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 
 pin_project_lite::pin_project! {
     /// Response future of [`IdempotencyService`]: the inner service's own future for
@@ -253,33 +250,14 @@ pin_project_lite::pin_project! {
         #[pin]
         kind: Kind<F>,
     }
-
-    impl<F> PinnedDrop for ResponseFuture<F> {
-        fn drop(this: Pin<&mut Self>) {
-            if let KindProj::Keyed { work } = this.project().kind.project() {
-                if let Some(work) = work.take() {
-                    detach(work);
-                }
-            }
-        }
-    }
 }
 
 pin_project_lite::pin_project! {
     #[project = KindProj]
     enum Kind<F> {
         Pass { #[pin] future: F },
-        Keyed { work: Option<KeyedWork> },
-    }
-}
-
-/// Finishes `work` in a task of its own: its caller is gone, its record is not.
-fn detach(work: KeyedWork) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn(work)),
-        // Only outside a runtime, where nothing could run it: the claim frees when its
-        // lease ends.
-        Err(_) => tracing::warn!("a keyed request was dropped outside a runtime"),
+        // A keyed request's work, everything from authentication to the answer.
+        Keyed { #[pin] work: Detached<Response<Body>> },
     }
 }
 
@@ -298,20 +276,16 @@ where
                 Ok(response) => Poll::Ready(Ok(response.map(boxed))),
                 Err(e) => Poll::Ready(Ok(inner_failed(e.into()))),
             },
-            KindProj::Keyed { work } => {
-                let running = work.as_mut().expect("polled after it completed");
+            KindProj::Keyed { mut work } => {
                 // The handler's own panics are caught where it runs; this catches the
-                // layer's, so one request's failure stays that request's.
-                let polled =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx)));
+                // layer's, so one request's failure stays that request's (the work is
+                // then dropped, not detached: it cannot be polled again).
+                let polled = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
                 match polled {
                     Ok(Poll::Pending) => Poll::Pending,
-                    Ok(Poll::Ready(response)) => {
-                        *work = None;
-                        Poll::Ready(Ok(response))
-                    }
+                    Ok(Poll::Ready(response)) => Poll::Ready(Ok(response)),
                     Err(_) => {
-                        *work = None;
+                        work.abandon();
                         tracing::error!("the keyed request's work panicked");
                         Poll::Ready(Ok(Problem::new(
                             ProblemKind::ExecutionFailed,

@@ -17,6 +17,7 @@
 
 pub mod answer;
 pub mod claim;
+pub mod detach;
 pub mod executions;
 pub mod finish;
 pub mod flights;
@@ -26,6 +27,7 @@ pub mod wakeups;
 
 pub use answer::{Answer, Answered, Executed};
 pub use claim::{claim, lease_left, Claimed};
+pub use detach::Detached;
 pub use executions::{under_lease, until_cut_off, Executions, Ran, Running};
 pub use finish::{ending, finish, retryable, FinishPolicy, FinishedBy, NotFinished, TooLarge};
 pub use flights::{Flights, Follower, Joined, Lead};
