@@ -13,8 +13,8 @@ BEGIN
     -- (0x21..0x7E; one byte per character rules out the rest of UTF-8), at most 128
     -- bytes (255 for a key), and no ',' or ';' in a key. The negated class finds any
     -- byte outside the range, a final newline too (an anchored '^[!-~]+$' let one
-    -- through: `$` matches before it). idem_claim and idem_finish write these checks
-    -- out themselves (migration 10), to spare a nested CALL; idem_heartbeat calls this.
+    -- through: `$` matches before it). idem_claim, idem_finish and idem_heartbeat call
+    -- this.
     IF p_tenant IS NULL OR OCTET_LENGTH(p_tenant) NOT BETWEEN 1 AND 128
        OR CHAR_LENGTH(p_tenant) <> OCTET_LENGTH(p_tenant) OR p_tenant REGEXP '[^!-~]' THEN
         SIGNAL SQLSTATE 'ID001'

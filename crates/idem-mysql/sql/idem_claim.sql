@@ -52,28 +52,12 @@ BEGIN
     IF @idem_clock_shift_ms IS NOT NULL THEN
         SET @idem_clock_shift_ms = NULL;
     END IF;
-    -- The checks of idem_check_names and idem_check_lease, in their order, written out
-    -- here: a nested CALL is a procedure invocation of its own on every claim. Visible
-    -- ASCII is one byte per character (CHAR_LENGTH = OCTET_LENGTH rules out the rest of
-    -- UTF-8) and no byte outside 0x21..0x7E: an unanchored negated class, which also
-    -- refuses a final newline (the anchored '^[!-~]+$' let one through, since `$`
-    -- matches before it) and stops at the first byte it refuses.
-    IF p_tenant IS NULL OR OCTET_LENGTH(p_tenant) NOT BETWEEN 1 AND 128
-       OR CHAR_LENGTH(p_tenant) <> OCTET_LENGTH(p_tenant) OR p_tenant REGEXP '[^!-~]' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: tenant must be 1 to 128 visible ASCII characters';
-    END IF;
-    IF p_key IS NULL OR OCTET_LENGTH(p_key) NOT BETWEEN 1 AND 255
-       OR CHAR_LENGTH(p_key) <> OCTET_LENGTH(p_key) OR p_key REGEXP '[^!-~]'
-       OR LOCATE(',', p_key) > 0 OR LOCATE(';', p_key) > 0 THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: key must be 1 to 255 visible ASCII characters other than , and ;';
-    END IF;
-    IF p_owner IS NULL OR OCTET_LENGTH(p_owner) NOT BETWEEN 1 AND 128
-       OR CHAR_LENGTH(p_owner) <> OCTET_LENGTH(p_owner) OR p_owner REGEXP '[^!-~]' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: owner must be 1 to 128 visible ASCII characters';
-    END IF;
+    -- Visible ASCII is one byte per character (CHAR_LENGTH = OCTET_LENGTH rules out the
+    -- rest of UTF-8) and no byte outside 0x21..0x7E: an unanchored negated class, which
+    -- also refuses a final newline (an anchored '^[!-~]+$' let one through: `$` matches
+    -- before it). A nested CALL costs about 1 µs of a claim's 200: the rules stay in one
+    -- place.
+    CALL idem_check_names(p_tenant, p_key, p_owner);
     IF p_principal IS NULL OR OCTET_LENGTH(p_principal) NOT BETWEEN 1 AND 128
        OR CHAR_LENGTH(p_principal) <> OCTET_LENGTH(p_principal)
        OR p_principal REGEXP '[^!-~]' THEN
@@ -83,11 +67,7 @@ BEGIN
     IF p_fingerprint IS NULL OR OCTET_LENGTH(p_fingerprint) <> 32 THEN
         SIGNAL SQLSTATE 'ID001' SET MESSAGE_TEXT = 'idem: fingerprint must be 32 bytes (SHA-256)';
     END IF;
-    -- idem_core::MAX_LEASE: 24 hours.
-    IF p_lease_ms IS NULL OR p_lease_ms < 1 OR p_lease_ms > 86400000 THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: lease must be between 1 ms and 86400000 ms';
-    END IF;
+    CALL idem_check_lease(p_lease_ms);
     SET v_tenant = p_tenant, v_key = p_key, v_principal = p_principal, v_owner = p_owner;
 
     claim: LOOP

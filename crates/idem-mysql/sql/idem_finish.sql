@@ -38,23 +38,7 @@ BEGIN
     IF @idem_clock_shift_ms IS NOT NULL THEN
         SET @idem_clock_shift_ms = NULL;
     END IF;
-    -- idem_check_names, written out (no nested CALL); see idem_claim.
-    IF p_tenant IS NULL OR OCTET_LENGTH(p_tenant) NOT BETWEEN 1 AND 128
-       OR CHAR_LENGTH(p_tenant) <> OCTET_LENGTH(p_tenant) OR p_tenant REGEXP '[^!-~]' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: tenant must be 1 to 128 visible ASCII characters';
-    END IF;
-    IF p_key IS NULL OR OCTET_LENGTH(p_key) NOT BETWEEN 1 AND 255
-       OR CHAR_LENGTH(p_key) <> OCTET_LENGTH(p_key) OR p_key REGEXP '[^!-~]'
-       OR LOCATE(',', p_key) > 0 OR LOCATE(';', p_key) > 0 THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: key must be 1 to 255 visible ASCII characters other than , and ;';
-    END IF;
-    IF p_owner IS NULL OR OCTET_LENGTH(p_owner) NOT BETWEEN 1 AND 128
-       OR CHAR_LENGTH(p_owner) <> OCTET_LENGTH(p_owner) OR p_owner REGEXP '[^!-~]' THEN
-        SIGNAL SQLSTATE 'ID001'
-            SET MESSAGE_TEXT = 'idem: owner must be 1 to 128 visible ASCII characters';
-    END IF;
+    CALL idem_check_names(p_tenant, p_key, p_owner);
     SET v_target = CASE p_outcome WHEN 'succeeded' THEN 'SUCCEEDED'
                                   WHEN 'terminal' THEN 'FAILED_TERMINAL'
                                   WHEN 'retryable' THEN 'FAILED_RETRYABLE' END;

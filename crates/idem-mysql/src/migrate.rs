@@ -104,11 +104,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
             include_str!("../sql/idem_finish.sql"),
         ),
     ),
-    // `idem_claim` and `idem_finish` with their argument checks written out instead of
-    // nested `CALL`s, and the visible-ASCII check of every name as a negated class, which
-    // also refuses a final newline (`idem_check_names`, which `idem_heartbeat` calls,
-    // gets it too). Migrations 5 and 9 install the same texts; this moves an existing
-    // database on.
+    // The visible-ASCII check of every name as a negated class, which also refuses a
+    // final newline, in `idem_check_names` (which the three procedures call) and in
+    // `idem_claim`'s principal check. Migrations 5 and 9 install the same texts; this
+    // moves an existing database on.
     Migration::new(
         10,
         "idem_procedures_cheaper",
