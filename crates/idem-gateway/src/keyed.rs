@@ -37,9 +37,11 @@
 //! the flight, the window's failure modes and the answer's per-caller headers, and runs
 //! the pipeline with [`crate::forward`] as its execution.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use http::header::HeaderValue;
 use http::Response;
 use idem_core::{ClaimRequest, StoreError};
@@ -107,7 +109,11 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
     };
     let leader = flight.is_some();
     if let Some(flight) = flight {
-        flight.await;
+        // A flight that panics ends this caller's request like its followers': with the
+        // problem below, not a reset connection.
+        if AssertUnwindSafe(flight).catch_unwind().await.is_err() {
+            tracing::error!("the flight panicked");
+        }
     }
     match follower.outcome().await {
         Some(outcome) => respond(&ctx, &outcome, !leader),

@@ -278,14 +278,12 @@ where
             },
             KindProj::Keyed { mut work } => {
                 // The handler's own panics are caught where it runs; this catches the
-                // layer's, so one request's failure stays that request's (the work is
-                // then dropped, not detached: it cannot be polled again).
+                // layer's, so one request's failure stays that request's.
                 let polled = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
                 match polled {
                     Ok(Poll::Pending) => Poll::Pending,
                     Ok(Poll::Ready(response)) => Poll::Ready(Ok(response)),
                     Err(_) => {
-                        work.abandon();
                         tracing::error!("the keyed request's work panicked");
                         Poll::Ready(Ok(Problem::new(
                             ProblemKind::ExecutionFailed,

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -26,22 +27,23 @@ impl<T: Send + 'static> Detached<T> {
     }
 }
 
-impl<T: 'static> Detached<T> {
-    /// Drops the work here instead of detaching it: for work that panicked, which cannot
-    /// be polled again.
-    pub fn abandon(&mut self) {
-        self.work = None;
-    }
-}
-
 impl<T: 'static> Future for Detached<T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         let work = self.work.as_mut().expect("polled after it completed");
-        let out = std::task::ready!(work.as_mut().poll(cx));
-        self.work = None;
-        Poll::Ready(out)
+        // Work that panicked cannot be polled again: it is dropped here, never detached.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(out)) => {
+                self.work = None;
+                Poll::Ready(out)
+            }
+            Err(panic) => {
+                self.work = None;
+                std::panic::resume_unwind(panic)
+            }
+        }
     }
 }
 
@@ -66,5 +68,59 @@ impl<T> fmt::Debug for Detached<T> {
         f.debug_struct("Detached")
             .field("done", &self.work.is_none())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn dropped_unfinished_work_runs_on_and_panicked_work_is_not_polled_again() {
+        // Dropped before its end: finished by a task of its own.
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = done.clone();
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let mut work = Box::pin(Detached::new(async move {
+            let _ = wait.await;
+            d.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert!(futures::poll!(work.as_mut()).is_pending());
+        drop(work);
+        go.send(()).unwrap();
+        for _ in 0..100 {
+            if done.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(done.load(Ordering::SeqCst), 1);
+
+        // Panicked: the panic reaches the one polling it, and the work is never detached.
+        // A future that could be polled again (an async block could not), so a detach
+        // after the panic would show as a second poll.
+        struct PanicsFirst(Arc<AtomicUsize>);
+        impl Future for PanicsFirst {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+                if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("work panics on purpose");
+                }
+                Poll::Ready(())
+            }
+        }
+        let polls = Arc::new(AtomicUsize::new(0));
+        let mut work = Box::pin(Detached::new(PanicsFirst(polls.clone())));
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let caught = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(&mut cx)));
+        assert!(caught.is_err());
+        drop(work);
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 1);
     }
 }
