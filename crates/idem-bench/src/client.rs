@@ -14,7 +14,32 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
-use crate::gateway::{BenchError, TargetResult};
+use idem_gateway::GatewayError;
+use serde::{Deserialize, Serialize};
+
+/// Why the bench could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The gateway refused its configuration or could not start.
+    #[error(transparent)]
+    Gateway(#[from] GatewayError),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A bench step (the upstream, a server thread) failed.
+    #[error("bench: {0}")]
+    Setup(String),
+}
+
+/// One target's figures in one scenario (all rounds merged).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TargetResult {
+    pub target: String,
+    pub requests: u64,
+    pub errors: u64,
+    pub rps: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+}
 
 /// A server running on a runtime (and thread) of its own, stopped when dropped.
 pub(crate) struct Background {

@@ -31,23 +31,10 @@ use http::{Method, Request};
 use http_body_util::Full;
 use serde::{Deserialize, Serialize};
 
-use idem_gateway::{
-    ApiKeyEntry, GatewayConfig, GatewayError, GatewayMetrics, KeyRule, RouteConfig,
-};
+use idem_gateway::{ApiKeyEntry, GatewayConfig, GatewayMetrics, KeyRule, RouteConfig};
 use idem_stub::{Stub, StubState};
 
-/// Why the bench could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    /// The gateway refused its configuration or could not start.
-    #[error(transparent)]
-    Gateway(#[from] GatewayError),
-    #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
-    /// A bench step (the upstream, a server thread) failed.
-    #[error("bench: {0}")]
-    Setup(String),
-}
+pub use crate::client::{BenchError, TargetResult};
 
 /// What to run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -92,17 +79,6 @@ impl Default for BenchOptions {
             hot_keys: 8,
         }
     }
-}
-
-/// One target's figures in one scenario (all rounds merged).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TargetResult {
-    pub target: String,
-    pub requests: u64,
-    pub errors: u64,
-    pub rps: f64,
-    pub p50_us: u64,
-    pub p99_us: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
