@@ -180,14 +180,16 @@ mod tests {
     #[test]
     fn a_busy_loop_is_seen_in_this_process() {
         let meter = Meter::start();
-        let until = Instant::now() + std::time::Duration::from_millis(300);
+        let until = Instant::now() + std::time::Duration::from_millis(500);
         let mut x = 0u64;
         while Instant::now() < until {
             x = x.wrapping_mul(31).wrapping_add(7);
         }
         std::hint::black_box(x);
         let s = meter.stop("commits");
-        assert!(s.process_cores > 0.5, "{s:?}");
+        // An idle process reads about 0; a loop sharing two cores with a loaded
+        // machine (CI builds, other tests) may get well under one.
+        assert!(s.process_cores > 0.1, "{s:?}");
         assert!(s.machine_cpu_busy > 0.0, "{s:?}");
     }
 }
