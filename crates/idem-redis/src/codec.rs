@@ -5,8 +5,8 @@
 //! length-prefixed, so any bytes (binary bodies, quotes, newlines in headers) round-trip.
 
 use idem_core::{
-    Fingerprint, IdempotencyKey, OwnerId, Principal, Record, RecordState, StoreError, StoredResult,
-    TenantId,
+    ClaimToken, Fingerprint, IdempotencyKey, OwnerId, Principal, Record, RecordState, Scope,
+    StoreError, StoredResult, TenantId,
 };
 
 /// First byte of every record value. A value with another first byte is refused.
@@ -197,9 +197,30 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Names a caller already holds: a decoded name equal to one of them shares it instead
+/// of being checked and copied again.
+#[derive(Clone, Copy, Default)]
+struct Known<'k> {
+    scope: Option<&'k Scope>,
+    owner: Option<&'k OwnerId>,
+}
+
+/// `known` when it spells `s`, else `make(s)`.
+fn shared_or<T: Clone>(
+    known: Option<&T>,
+    spelled: impl Fn(&T) -> &str,
+    s: &str,
+    make: impl FnOnce(&str) -> Result<T, idem_core::KeyError>,
+) -> Result<T, StoreError> {
+    match known {
+        Some(k) if spelled(k) == s => Ok(k.clone()),
+        _ => make(s).map_err(corrupt),
+    }
+}
+
 /// Decodes the header, owner and identity blocks; returns the record without its
 /// result and the reader positioned at the result block.
-fn decode_head(buf: &[u8]) -> Result<(Record, Reader<'_>), StoreError> {
+fn decode_head<'a>(buf: &'a [u8], known: Known<'_>) -> Result<(Record, Reader<'a>), StoreError> {
     let mut r = Reader { buf, pos: 0 };
     let format = r.u8("format")?;
     if format != FORMAT {
@@ -216,14 +237,26 @@ fn decode_head(buf: &[u8]) -> Result<(Record, Reader<'_>), StoreError> {
     let owner = if owner.is_empty() {
         None
     } else {
-        Some(OwnerId::new(owner).map_err(corrupt)?)
+        Some(shared_or(known.owner, OwnerId::as_str, owner, |s| {
+            OwnerId::new(s)
+        })?)
     };
     let ident_len = r.u16("identity")? as usize;
     let ident_end = r.pos + ident_len;
     let principal = Principal::new(r.str16("principal")?).map_err(corrupt)?;
     let fingerprint = Fingerprint::from_bytes(r.array("fingerprint")?);
-    let tenant = TenantId::new(r.str16("tenant")?).map_err(corrupt)?;
-    let key = IdempotencyKey::from_stored(r.str16("key")?).map_err(corrupt)?;
+    let tenant = shared_or(
+        known.scope.map(|s| &s.tenant),
+        TenantId::as_str,
+        r.str16("tenant")?,
+        |s| TenantId::new(s),
+    )?;
+    let key = shared_or(
+        known.scope.map(|s| &s.key),
+        IdempotencyKey::as_str,
+        r.str16("key")?,
+        |s| IdempotencyKey::from_stored(s),
+    )?;
     if r.pos != ident_end {
         return Err(corrupt("identity block length"));
     }
@@ -248,7 +281,7 @@ fn decode_head(buf: &[u8]) -> Result<(Record, Reader<'_>), StoreError> {
 
 /// Decodes a whole record value (`GET` of a record key).
 pub fn decode_record(buf: &[u8]) -> Result<Record, StoreError> {
-    let (mut rec, mut r) = decode_head(buf)?;
+    let (mut rec, mut r) = decode_head(buf, Known::default())?;
     if r.done() {
         return Ok(rec);
     }
@@ -279,9 +312,17 @@ pub fn decode_record(buf: &[u8]) -> Result<Record, StoreError> {
 }
 
 /// Decodes what `finish.lua` returns (the new record without its result) and attaches
-/// the result the caller sent.
-pub fn decode_finished(buf: &[u8], result: Option<StoredResult>) -> Result<Record, StoreError> {
-    let (mut rec, r) = decode_head(buf)?;
+/// the result the caller sent; names equal to the claim's share them.
+pub fn decode_finished(
+    buf: &[u8],
+    token: Option<&ClaimToken>,
+    result: Option<StoredResult>,
+) -> Result<Record, StoreError> {
+    let known = Known {
+        scope: token.map(|t| &t.scope),
+        owner: token.map(|t| &t.owner),
+    };
+    let (mut rec, r) = decode_head(buf, known)?;
     if !r.done() {
         return Err(corrupt("finish reply carries a result"));
     }
@@ -364,6 +405,44 @@ mod tests {
     }
 
     #[test]
+    fn a_finish_reply_shares_the_claims_names() {
+        let rec = record(RecordState::Succeeded, None);
+        let head = encode_record(&rec).unwrap();
+        let token = ClaimToken::of(
+            &idem_core::ClaimRequest {
+                scope: Scope::new(rec.tenant.clone(), rec.key.clone()),
+                principal: rec.principal.clone(),
+                fingerprint: rec.fingerprint,
+                owner: rec.owner.clone().unwrap(),
+                lease: std::time::Duration::from_secs(30),
+            },
+            7,
+            0,
+            2,
+            idem_core::ClaimKind::Fresh,
+        );
+        let shared = decode_finished(&head, Some(&token), None).unwrap();
+        assert_eq!(shared, rec);
+        assert!(std::ptr::eq(
+            shared.tenant.as_str(),
+            token.scope.tenant.as_str()
+        ));
+        assert!(std::ptr::eq(shared.key.as_str(), token.scope.key.as_str()));
+        assert!(std::ptr::eq(
+            shared.owner.as_ref().unwrap().as_str(),
+            token.owner.as_str()
+        ));
+        // Names that differ from the claim's are the stored ones.
+        let mut other = token.clone();
+        other.owner = OwnerId::new("someone-else").unwrap();
+        other.scope = Scope::new(
+            TenantId::new("t2").unwrap(),
+            IdempotencyKey::new("k2").unwrap(),
+        );
+        assert_eq!(decode_finished(&head, Some(&other), None).unwrap(), rec);
+    }
+
+    #[test]
     fn refuses_damage() {
         let rec = record(
             RecordState::Succeeded,
@@ -399,8 +478,8 @@ mod tests {
         });
         let rec = record(RecordState::Succeeded, result.clone());
         let bytes = encode_record(&record(RecordState::Succeeded, None)).unwrap();
-        assert_eq!(decode_finished(&bytes, result).unwrap(), rec);
+        assert_eq!(decode_finished(&bytes, None, result.clone()).unwrap(), rec);
         let full = encode_record(&rec).unwrap();
-        assert!(decode_finished(&full, None).is_err());
+        assert!(decode_finished(&full, None, None).is_err());
     }
 }

@@ -108,6 +108,17 @@
 //! lease still reads `TIME` inside a script. [`StoreLimits`] and lease bounds are checked in Rust
 //! before any script runs, so bad input writes nothing.
 //!
+//! # Replays from memory
+//!
+//! A finished record changes only by expiring, so the store keeps the finished records
+//! its claims read ([`FinishedLimits`], `idem_store_kit::finished`): a claim on one is
+//! answered — replay, or mismatch for another fingerprint or principal, by the same
+//! decision table — without a command. An entry is used while the upper bound of the
+//! server's clock is before the record's expiry and before the entry's time to live
+//! (10 s by default); that time to live bounds how long a record removed outside idem
+//! (a flush, eviction, a manual `DEL`) can still be replayed by this process. Nothing
+//! that can still change (PROCESSING, FAILED_RETRYABLE) is kept.
+//!
 //! # Expiry
 //!
 //! Every write is a `SET … PX`: a finished record (any final state) expires `retention`
@@ -161,8 +172,8 @@ pub use conn::{open_client, pubsub_client, scan as scan_keys};
 pub use keys::{encode_component, record_key, unlink_prefix};
 pub use lease::*;
 pub use options::{
-    RedisOptions, ServerInfo, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
-    DEFAULT_RETENTION,
+    FinishedLimits, RedisOptions, ServerInfo, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
+    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION,
 };
 pub use reply::map_err;
 pub use store::RedisStore;

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use idem_core::{ClockShift, StoreLimits};
+pub use idem_store_kit::FinishedLimits;
 
 /// Default key prefix.
 pub const DEFAULT_PREFIX: &str = "idem";
@@ -38,6 +39,12 @@ pub struct RedisOptions {
     /// them first tries a plain `GET` and answers a replay or a mismatch of a finished
     /// record from it. 0 turns the shortcut off.
     pub recent_capacity: usize,
+    /// Finished records kept in this process (`idem_store_kit::finished`): a claim on one
+    /// is answered — replay or mismatch, by the same rule — without a round trip, until
+    /// the record expires or the entry's time to live ends. The time to live bounds how
+    /// long a record removed outside idem (a flush, eviction, a manual `DEL`) can still
+    /// be replayed here. [`FinishedLimits::off`] turns it off.
+    pub finished: FinishedLimits,
     /// For `rediss://`: the CA (PEM) the server's certificate must chain to, instead of
     /// the system's trust store.
     pub ca_file: Option<std::path::PathBuf>,
@@ -55,6 +62,7 @@ impl Default for RedisOptions {
             client_name: None,
             ca_file: None,
             recent_capacity: idem_store_kit::recent::DEFAULT_RECENT_CAPACITY,
+            finished: FinishedLimits::default(),
         }
     }
 }

@@ -14,7 +14,7 @@ use idem_core::{
     Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
     Record, RecordState, Scope, StoreError, StoreLimits,
 };
-use idem_store_kit::RecentKeys;
+use idem_store_kit::{FinishedRecords, RecentKeys};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script, Value};
 
@@ -55,6 +55,8 @@ pub(crate) struct Inner {
     pub(crate) extend: Script,
     pub(crate) abandon: Script,
     pub(crate) recent: RecentKeys,
+    /// Finished records this process's claims read: replays answered from memory.
+    pub(crate) finished: FinishedRecords,
     /// The server's clock for the commands that write times without a script.
     pub(crate) server_clock: clock::ServerClock,
 }
@@ -208,6 +210,7 @@ impl RedisStore {
                 extend: Script::new(EXTEND_LUA),
                 abandon: Script::new(ABANDON_LUA),
                 recent: RecentKeys::new(options.recent_capacity),
+                finished: FinishedRecords::new(options.finished),
                 server_clock: clock::ServerClock::new(),
             }),
         }
@@ -337,6 +340,28 @@ impl RedisStore {
         }
     }
 
+    /// Keeps a finished record in the process-local copy until its expiry (or the copy's
+    /// time to live), by the server's clock.
+    fn keep_finished(&self, record: &Record) {
+        let (Some(completed), Some(now)) = (
+            record.completed_at,
+            self.inner.server_clock.bounds(self.shift()),
+        ) else {
+            return;
+        };
+        let retention = Millis::try_from(self.retention_ms()).unwrap_or(Millis::MAX);
+        self.inner
+            .finished
+            .keep(record, now.upper, completed.saturating_add(retention));
+    }
+
+    /// The claim answered from a finished record kept in memory, judged at the upper
+    /// bound of the server's clock (an entry is dropped as soon as it may have expired).
+    fn answer_from_memory(&self, req: &ClaimRequest) -> Option<Claim> {
+        let now = self.inner.server_clock.bounds(self.shift())?;
+        self.inner.finished.answer(req, now.upper)
+    }
+
     /// The replay shortcut: a plain `GET`. A finished record answers replay or mismatch
     /// (neither needs the clock, and a finished record only changes by expiring); any
     /// other state, or no record, leaves the decision to the claim script (`None`).
@@ -356,6 +381,7 @@ impl RedisStore {
         if !rec.state.is_terminal() {
             return Ok(None);
         }
+        self.keep_finished(&rec);
         // Finished: the store time is not needed to decide.
         Ok(match verdict(rec, req, 0) {
             Verdict::Answer(claim @ (Claim::Replay(_) | Claim::Mismatch { .. })) => Some(claim),
@@ -427,7 +453,11 @@ impl RedisStore {
             return Ok(Some(Claim::Proceed(token)));
         };
         // Judged at the upper bound: "in progress" only while the lease is surely live.
-        Ok(match verdict(codec::decode_record(&old)?, req, now.upper) {
+        let old = codec::decode_record(&old)?;
+        if old.state.is_terminal() {
+            self.keep_finished(&old);
+        }
+        Ok(match verdict(old, req, now.upper) {
             Verdict::Answer(claim) => Some(claim),
             Verdict::TakeOver { .. } => None,
         })
@@ -482,6 +512,9 @@ impl IdempotencyStore for RedisStore {
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let lease_ms = self.inner.limits.claim_lease(req)?;
+        if let Some(claim) = self.answer_from_memory(req) {
+            return Ok(claim);
+        }
         let key = self.record_key(&req.scope);
         if self.inner.recent.contains(&req.scope) {
             if let Some(claim) = self.claim_from_get(req, &key).await? {
@@ -511,6 +544,9 @@ impl IdempotencyStore for RedisStore {
             .arg(ident);
         let reply = self.eval(&self.inner.claim, &cmd).await?;
         let claim = parse_claim(req, reply)?;
+        if let Claim::Replay(record) = &claim {
+            self.keep_finished(record);
+        }
         if !matches!(claim, Claim::Proceed(_)) {
             self.inner.recent.note(&req.scope);
         }
@@ -537,7 +573,7 @@ impl IdempotencyStore for RedisStore {
             .arg(codec::result_block(finish.result.as_ref())?);
         match self.eval(&self.inner.finish, &cmd).await? {
             Value::BulkString(head) => {
-                let rec = codec::decode_finished(&head, finish.result)?;
+                let rec = codec::decode_finished(&head, Some(token), finish.result)?;
                 self.inner.recent.note(&token.scope);
                 tracing::debug!(scope = %token.scope, state = %rec.state, version = rec.version, "redis finish");
                 Ok(rec)

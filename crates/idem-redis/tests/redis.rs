@@ -522,6 +522,9 @@ async fn server_restart_is_unavailable_then_forgets() {
     let store = RedisStore::connect(&server.url(), {
         let mut o = RedisOptions::default();
         o.prefix = "restart".into();
+        // What the server does, not what this process remembers (see
+        // `finished_records_answer_from_memory`).
+        o.finished = idem_redis::FinishedLimits::off();
         o.connect_timeout = Duration::from_secs(1);
         o.response_timeout = Duration::from_secs(1);
         o
@@ -572,7 +575,7 @@ async fn replay_shortcut_follows_the_record() {
     let Some(h) = RedisHarness::new().await else {
         return;
     };
-    let store = h.store().await.unwrap();
+    let store = h.store_without_memory().await.unwrap();
     let t = fresh_tenant();
     let req = request(&t, "k", "p", "a");
     let tok = proceed(store.claim(&req).await.unwrap());
@@ -795,4 +798,93 @@ async fn fresh_claim_and_completion_run_without_scripts() {
         let err = store.finish(&token, done).await.unwrap_err();
         assert!(err.is_superseded(), "{err}");
     }
+}
+
+/// Finished records this process's claims read answer replays and mismatches without a
+/// command: the same decision table, bounded by the record's expiry and by the entry's
+/// time to live, and per process (another store asks the server).
+#[tokio::test]
+async fn finished_records_answer_from_memory() {
+    let Some(h) = RedisHarness::with_retention(Duration::from_secs(60)).await else {
+        return;
+    };
+    let store = Arc::new(h.store().await.unwrap());
+    let t = fresh_tenant();
+    let req = request(&t, "k", "p", "a");
+    let tok = proceed(store.claim(&req).await.unwrap());
+    store.complete(&tok, result("first")).await.unwrap();
+    // Writing it keeps nothing (most keys are never sent again); the first replay,
+    // read from the server, is kept.
+    assert!(matches!(store.claim(&req).await.unwrap(), Claim::Replay(_)));
+    // Removed outside idem: this process still knows how the intent ended.
+    let mut admin = h.admin().await;
+    let _: () = redis::cmd("DEL")
+        .arg(store.record_key(&req.scope))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            let (same, other) = (req.clone(), request(&t, "k", "another payload", "b"));
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    match store.claim(&same).await.unwrap() {
+                        Claim::Replay(r) => assert_eq!(r.result, Some(result("first"))),
+                        other => panic!("expected a replay from memory, got {other:?}"),
+                    }
+                } else {
+                    let claim = store.claim(&other).await.unwrap();
+                    assert!(
+                        matches!(
+                            claim,
+                            Claim::Mismatch {
+                                state: RecordState::Succeeded
+                            }
+                        ),
+                        "{claim:?}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut stranger = req.clone();
+    stranger.principal = idem_core::Principal::new("someone-else").unwrap();
+    assert!(matches!(
+        store.claim(&stranger).await.unwrap(),
+        Claim::Mismatch { .. }
+    ));
+    // Another process (store) has no copy: the server answers, and it forgot the key.
+    let other_store = h.store().await.unwrap();
+    let elsewhere = proceed(other_store.claim(&req).await.unwrap());
+    assert_eq!(elsewhere.kind, ClaimKind::Fresh);
+    other_store.abandon(&elsewhere).await.unwrap();
+    // Past the entry's time to live the server decides again.
+    h.clock.advance(Duration::from_secs(11));
+    let again = proceed(store.claim(&req).await.unwrap());
+    assert_eq!(again.kind, ClaimKind::Fresh);
+    store.abandon(&again).await.unwrap();
+
+    // A record that expires before the time to live ends is not replayed past its
+    // expiry.
+    let Some(h) = RedisHarness::with_retention(Duration::from_secs(2)).await else {
+        return;
+    };
+    let store = h.store().await.unwrap();
+    let tok = proceed(store.claim(&req).await.unwrap());
+    store.complete(&tok, result("short")).await.unwrap();
+    assert!(matches!(store.claim(&req).await.unwrap(), Claim::Replay(_)));
+    let _: () = redis::cmd("DEL")
+        .arg(store.record_key(&req.scope))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(matches!(store.claim(&req).await.unwrap(), Claim::Replay(_)));
+    h.clock.advance(Duration::from_millis(2_100));
+    let fresh = proceed(store.claim(&req).await.unwrap());
+    assert_eq!(fresh.kind, ClaimKind::Fresh);
+    store.abandon(&fresh).await.unwrap();
 }

@@ -10,6 +10,11 @@ use std::process::ExitCode;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use idem_core::ErrorKind;
 
+/// Every command, and the servers it runs, allocate through mimalloc: a keyed request
+/// makes about a hundred small allocations, each several times cheaper than glibc's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod chaos;
 mod cli;

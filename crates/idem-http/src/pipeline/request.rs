@@ -148,7 +148,10 @@ impl OwnerIds {
     /// Ids `<prefix><n>`; fails when the prefix leaves no room for the counter.
     pub fn new(prefix: String) -> Result<Self, String> {
         OwnerId::new(format!("{prefix}{}", u64::MAX)).map_err(|_| {
-            format!("owner prefix {prefix:?} must be visible ASCII, at most 100 characters")
+            format!(
+                "owner prefix {prefix:?} must be visible ASCII, at most {} characters",
+                idem_core::key::MAX_NAME_LEN - u64::MAX.to_string().len()
+            )
         })?;
         Ok(Self {
             prefix,
@@ -158,6 +161,41 @@ impl OwnerIds {
 
     pub fn next(&self) -> OwnerId {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        OwnerId::new(format!("{}{n}", self.prefix)).expect("checked when built")
+        // Written by hand: every claim takes one, and `format!` cost more than the
+        // rest of making the id.
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        let mut rest = n;
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let mut id = String::with_capacity(self.prefix.len() + digits.len() - at);
+        id.push_str(&self.prefix);
+        id.extend(digits[at..].iter().map(|&d| char::from(d)));
+        OwnerId::new(id).expect("checked when built")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_ids_count_from_zero_under_their_prefix() {
+        let ids = OwnerIds::new("gw-a#".into()).unwrap();
+        let seen: Vec<String> = (0..12).map(|_| ids.next().as_str().to_owned()).collect();
+        let expected: Vec<String> = (0..12).map(|n| format!("gw-a#{n}")).collect();
+        assert_eq!(seen, expected);
+        ids.next.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(ids.next().as_str(), format!("gw-a#{}", u64::MAX));
+        // Room is left for the largest counter.
+        assert!(OwnerIds::new("x".repeat(108)).is_ok());
+        let e = OwnerIds::new("x".repeat(109)).unwrap_err();
+        assert!(e.contains("at most 108 characters"), "{e}");
     }
 }

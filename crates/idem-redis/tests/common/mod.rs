@@ -164,6 +164,14 @@ impl RedisHarness {
         RedisStore::connect(&self.url, self.options()).await
     }
 
+    /// A new store over this harness's prefix that keeps no finished records in memory:
+    /// every claim asks the server.
+    pub async fn store_without_memory(&self) -> Result<RedisStore, idem_core::StoreError> {
+        let mut o = self.options();
+        o.finished = idem_redis::FinishedLimits::off();
+        RedisStore::connect(&self.url, o).await
+    }
+
     /// A separate admin connection (not one of the store's).
     pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url.as_str())
