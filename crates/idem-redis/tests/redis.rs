@@ -23,6 +23,19 @@ fn proceed(claim: Claim) -> idem_core::ClaimToken {
     }
 }
 
+/// Removes a record behind the store's back (an operator's `DEL`, a flush, eviction).
+async fn remove_record(
+    admin: &mut redis::aio::MultiplexedConnection,
+    store: &RedisStore,
+    scope: &Scope,
+) {
+    let _: () = redis::cmd("DEL")
+        .arg(store.record_key(scope))
+        .query_async(admin)
+        .await
+        .unwrap();
+}
+
 async fn pttl(h: &RedisHarness, key: &str) -> i64 {
     let mut admin = h.admin().await;
     redis::cmd("PTTL")
@@ -595,11 +608,7 @@ async fn replay_shortcut_follows_the_record() {
     }
     // The record vanishes (expiry, a flush): the remembered scope must not answer.
     let mut admin = h.admin().await;
-    let _: () = redis::cmd("DEL")
-        .arg(store.record_key(&req.scope))
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    remove_record(&mut admin, &store, &req.scope).await;
     let again = proceed(store.claim(&req).await.unwrap());
     assert_eq!(again.kind, ClaimKind::Fresh);
     // Remembered, then FAILED_RETRYABLE: taken over by the script, not replayed.
@@ -818,11 +827,7 @@ async fn finished_records_answer_from_memory() {
     assert!(matches!(store.claim(&req).await.unwrap(), Claim::Replay(_)));
     // Removed outside idem: this process still knows how the intent ended.
     let mut admin = h.admin().await;
-    let _: () = redis::cmd("DEL")
-        .arg(store.record_key(&req.scope))
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    remove_record(&mut admin, &store, &req.scope).await;
     let tasks: Vec<_> = (0..64)
         .map(|i| {
             let store = store.clone();
@@ -877,11 +882,7 @@ async fn finished_records_answer_from_memory() {
     let tok = proceed(store.claim(&req).await.unwrap());
     store.complete(&tok, result("short")).await.unwrap();
     assert!(matches!(store.claim(&req).await.unwrap(), Claim::Replay(_)));
-    let _: () = redis::cmd("DEL")
-        .arg(store.record_key(&req.scope))
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    remove_record(&mut admin, &store, &req.scope).await;
     assert!(matches!(store.claim(&req).await.unwrap(), Claim::Replay(_)));
     h.clock.advance(Duration::from_millis(2_100));
     let fresh = proceed(store.claim(&req).await.unwrap());
