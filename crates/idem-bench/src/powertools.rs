@@ -5,7 +5,10 @@
 //! Both sides execute one request once and then repeat it, one call at a time, for the
 //! same time; every repeat is a replay. idem's call is what a caller of the store does per
 //! request: fingerprint the JSON body (canonical, SHA-256) and claim, which answers with
-//! the stored result, on one thread (the peer is one Python thread). Powertools' is its
+//! the stored result, on one thread (the peer is one Python thread). idem runs twice: as
+//! it ships, answering from its in-process copy of final records once it read the
+//! record, and with that copy off, so every replay is one `GET` (Powertools' own local
+//! cache is off by default, and stays off). Powertools' is its
 //! `idempotent_function` as it ships (payload hash, its Redis reads). The sides alternate
 //! `rounds` times so drift in the machine's load hits both. The peer runs from `peers/powertools/run.sh` (a virtualenv of pinned
 //! versions, made on first use).
@@ -52,10 +55,16 @@ pub struct Side {
 pub struct PowertoolsReport {
     /// The Redis-compatible server and its version.
     pub server: String,
+    /// idem as it ships: a replay the store read once is answered from its in-process
+    /// copy of final records.
     pub idem: Side,
+    /// idem with that copy off: every replay is one `GET`.
+    pub idem_round_trip: Side,
     pub powertools: Side,
     /// idem ÷ Powertools replays per second.
     pub ratio: f64,
+    /// idem without the copy ÷ Powertools.
+    pub ratio_round_trip: f64,
     pub target: f64,
     pub meets_target: bool,
 }
@@ -64,17 +73,21 @@ impl PowertoolsReport {
     pub fn to_text(&self) -> String {
         format!(
             "idem bench powertools: single-caller replays on {}\n\
-             \x20 idem        {:>9.0}/s  (turns {})\n\
-             \x20 powertools  {:>9.0}/s  (turns {})\n\
-             \x20 idem/powertools {:.1} (target >= {:.0}: {})\n",
+             \x20 idem                  {:>9.0}/s  (turns {})\n\
+             \x20 idem, copy off        {:>9.0}/s  (turns {}; every replay a GET)\n\
+             \x20 powertools            {:>9.0}/s  (turns {})\n\
+             \x20 idem/powertools {:.1} (target >= {:.0}: {}); copy off {:.1}\n",
             self.server,
             self.idem.per_second,
             turns(&self.idem.turns),
+            self.idem_round_trip.per_second,
+            turns(&self.idem_round_trip.turns),
             self.powertools.per_second,
             turns(&self.powertools.turns),
             self.ratio,
             self.target,
-            if self.meets_target { "met" } else { "NOT met" }
+            if self.meets_target { "met" } else { "NOT met" },
+            self.ratio_round_trip
         )
     }
 }
@@ -123,6 +136,13 @@ async fn on_one_thread(options: PowertoolsOptions) -> Result<PowertoolsReport, B
         .redis()
         .map_or_else(|| "redis".to_string(), |r| r.server().to_string());
     let store = opened.records();
+    // The same records through a store that keeps no copy of them.
+    let mut bare = idem_redis::RedisOptions::default();
+    bare.prefix = prefix.clone();
+    bare.finished = idem_redis::FinishedLimits::off();
+    let round_trip = idem_redis::RedisStore::connect(&options.redis_url, bare)
+        .await
+        .map_err(|e| BenchError::Setup(format!("opening {}: {e}", options.redis_url)))?;
     let script = options.script.clone().unwrap_or_else(|| {
         PathBuf::from(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -131,19 +151,20 @@ async fn on_one_thread(options: PowertoolsOptions) -> Result<PowertoolsReport, B
     });
     let measured = async {
         let mut idem = Vec::new();
+        let mut bare = Vec::new();
         let mut peer = Vec::new();
         let request = seed(&*store, &run).await?;
         for round in 0..options.rounds.max(1) {
-            // Each side goes first as often as the other.
-            for side in [round % 2, 1 - round % 2] {
-                if side == 0 {
-                    idem.push(idem_turn(&*store, &request, options.phase).await?);
-                } else {
-                    peer.push(peer_turn(&script, &options, &prefix).await?);
+            // Each side goes first as often as the others.
+            for side in (0..3).map(|s| (s + round) % 3) {
+                match side {
+                    0 => idem.push(idem_turn(&*store, &request, options.phase).await?),
+                    1 => bare.push(idem_turn(&round_trip, &request, options.phase).await?),
+                    _ => peer.push(peer_turn(&script, &options, &prefix).await?),
                 }
             }
         }
-        Ok::<_, BenchError>((idem, peer))
+        Ok::<_, BenchError>((idem, bare, peer))
     }
     .await;
     // The peer's keys are `<prefix>#<hash>`, the store's `<prefix>:…`.
@@ -164,20 +185,27 @@ async fn on_one_thread(options: PowertoolsOptions) -> Result<PowertoolsReport, B
         Ok::<_, redis::RedisError>(())
     }
     .await;
-    let (idem, peer) = measured?;
+    let (idem, bare, peer) = measured?;
     cleaned.map_err(|e| BenchError::Setup(format!("removing the bench keys: {e}")))?;
     let idem = side(&idem);
+    let idem_round_trip = side(&bare);
     let powertools = side(&peer);
-    let ratio = if powertools.per_second > 0.0 {
-        idem.per_second / powertools.per_second
-    } else {
-        0.0
+    let over_peer = |s: &Side| {
+        if powertools.per_second > 0.0 {
+            s.per_second / powertools.per_second
+        } else {
+            0.0
+        }
     };
+    let ratio = over_peer(&idem);
+    let ratio_round_trip = over_peer(&idem_round_trip);
     Ok(PowertoolsReport {
         server,
         idem,
+        idem_round_trip,
         powertools,
         ratio,
+        ratio_round_trip,
         target: TARGET,
         meets_target: ratio >= TARGET,
     })

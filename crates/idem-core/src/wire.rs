@@ -250,7 +250,7 @@ pub fn read_key(headers: &HeaderMap) -> Result<IdempotencyKey, KeyHeaderError> {
     if text.starts_with('"') {
         Ok(IdempotencyKey::new(parse_sf_string(text)?)?)
     } else {
-        Ok(IdempotencyKey::new(text)?)
+        Ok(text.parse::<IdempotencyKey>()?)
     }
 }
 

@@ -33,6 +33,15 @@ impl<T: Clone> Lazy<T> {
         }
     }
 
+    /// The value when it is connected, without trying to connect.
+    pub fn peek(&self) -> Option<T> {
+        self.slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .value
+            .clone()
+    }
+
     fn cached(&self) -> Result<Option<T>, String> {
         let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(v) = &slot.value {

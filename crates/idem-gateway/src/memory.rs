@@ -186,13 +186,10 @@ impl State {
         self.records.get_mut(scope).filter(|e| e.expires_at > now)
     }
 
-    /// The partition of `tenant`, made on its first record (the tenant is copied then
-    /// only).
+    /// The partition of `tenant`, made on its first record (one lookup; the tenant's
+    /// name is shared, so its clone is a count).
     fn partition(&mut self, tenant: &TenantId) -> &mut Partition {
-        if !self.partitions.contains_key(tenant) {
-            self.partitions.insert(tenant.clone(), Partition::default());
-        }
-        self.partitions.get_mut(tenant).expect("just inserted")
+        self.partitions.entry(tenant.clone()).or_default()
     }
 
     /// Holds a record for a scope that has none (an expired one not yet swept is
@@ -228,18 +225,25 @@ impl State {
         expires_at: Millis,
         change: impl FnOnce(&mut Record),
     ) -> Option<&Record> {
-        let entry = self.records.get_mut(scope)?;
+        // Field by field, so the entry stays borrowed: one lookup of the scope.
+        let State {
+            records,
+            bytes,
+            expiries,
+            partitions,
+        } = self;
+        let entry = records.get_mut(scope)?;
         change(&mut entry.record);
         let (old, new) = (entry.bytes, record_bytes(&entry.record));
         entry.bytes = new;
         entry.expires_at = expires_at;
-        self.expiries.push(Due(expires_at, entry.scope.clone()));
-        self.bytes = self.bytes.saturating_sub(old) + new;
-        if let Some(p) = self.partitions.get_mut(&scope.tenant) {
+        expiries.push(Due(expires_at, entry.scope.clone()));
+        *bytes = bytes.saturating_sub(old) + new;
+        if let Some(p) = partitions.get_mut(&scope.tenant) {
             p.bytes = p.bytes.saturating_sub(old) + new;
             p.expiries.push(Reverse(expires_at));
         }
-        self.records.get(scope).map(|e| &e.record)
+        Some(&entry.record)
     }
 }
 

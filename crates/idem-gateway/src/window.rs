@@ -32,6 +32,8 @@ const RESULT_OVERHEAD: usize = 64 * 1024;
 
 pub struct Window {
     store: Arc<dyn IdempotencyStore>,
+    /// The same store when it is Redis (for whether its server answered last).
+    redis: Option<Arc<LazyRedisStore>>,
     /// The same store when it is the in-memory one (for its fill level).
     memory: Option<MemoryStore>,
     wakeups: Wakeups,
@@ -57,6 +59,7 @@ impl Window {
                 });
                 Ok(Self {
                     store: Arc::new(memory.clone()),
+                    redis: None,
                     memory: Some(memory),
                     wakeups: Wakeups::local(),
                     shared: false,
@@ -88,12 +91,14 @@ impl Window {
                     o.ca_file = config.redis_ca_file.clone();
                     o
                 };
+                let redis = Arc::new(LazyRedisStore {
+                    url: url.clone(),
+                    options,
+                    store: Lazy::new(),
+                });
                 Ok(Self {
-                    store: Arc::new(LazyRedisStore {
-                        url: url.clone(),
-                        options,
-                        store: Lazy::new(),
-                    }),
+                    store: redis.clone(),
+                    redis: Some(redis),
                     memory: None,
                     wakeups: Wakeups::redis(client, &config.redis_prefix, config.redis_timeout()),
                     shared: true,
@@ -124,12 +129,22 @@ impl Window {
                     tracing::warn!(error = %e, "short window failing: degraded mode, keys are still forwarded and the upstream guards them");
                 }
             }
+            // A replay Redis's store answered from its in-process copy proves nothing
+            // about the server: only an answer while it is reachable ends the mode.
+            _ if !self.redis_reachable() => {}
             _ => {
                 if self.metrics.set_degraded(false) {
                     tracing::info!("short window reachable again: degraded mode over");
                 }
             }
         }
+    }
+
+    fn redis_reachable(&self) -> bool {
+        self.redis
+            .as_ref()
+            .and_then(|r| r.store.peek())
+            .is_some_and(|s| s.is_reachable())
     }
 
     /// Wake-ups for waiters on another instance's execution (none without Redis:

@@ -1,5 +1,6 @@
 //! The Redis server's clock as seen from this process, for the commands that write a
-//! time without a script (a fresh claim's `SET … NX GET`, a completion's `SET … IFEQ`).
+//! time without a script (a fresh claim's `SET … NX GET`, a completion's `SET … IFEQ`)
+//! and for deciding when a replay kept in memory is no longer used.
 //!
 //! A `TIME` reply read between the local instants `sent` and `received` bounds the
 //! server's clock at any later local instant `t`: it is at least `time + (t - received)`

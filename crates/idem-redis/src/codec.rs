@@ -69,29 +69,51 @@ pub fn identity_block(
     tenant: &TenantId,
     key: &IdempotencyKey,
 ) -> Vec<u8> {
-    let inner =
-        2 + principal.as_str().len() + 32 + 2 + tenant.as_str().len() + 2 + key.as_str().len();
-    let mut out = Vec::with_capacity(2 + inner);
-    out.extend_from_slice(&(inner as u16).to_be_bytes());
-    put_str16(&mut out, principal.as_str());
-    out.extend_from_slice(fingerprint.as_bytes());
-    put_str16(&mut out, tenant.as_str());
-    put_str16(&mut out, key.as_str());
+    let mut out = Vec::with_capacity(identity_len(principal, tenant, key));
+    put_identity(&mut out, principal, fingerprint, tenant, key);
     out
+}
+
+fn identity_len(principal: &Principal, tenant: &TenantId, key: &IdempotencyKey) -> usize {
+    2 + 2 + principal.as_str().len() + 32 + 2 + tenant.as_str().len() + 2 + key.as_str().len()
+}
+
+fn put_identity(
+    out: &mut Vec<u8>,
+    principal: &Principal,
+    fingerprint: &Fingerprint,
+    tenant: &TenantId,
+    key: &IdempotencyKey,
+) {
+    let inner = identity_len(principal, tenant, key) - 2;
+    out.extend_from_slice(&(inner as u16).to_be_bytes());
+    put_str16(out, principal.as_str());
+    out.extend_from_slice(fingerprint.as_bytes());
+    put_str16(out, tenant.as_str());
+    put_str16(out, key.as_str());
 }
 
 /// The result block: empty for no result, otherwise `u16 status, u8 has_ref,
 /// [u32 len + ref], u32 header count, (u32 len + name, u32 len + value)*, u32 len + body`.
 pub fn result_block(result: Option<&StoredResult>) -> Result<Vec<u8>, StoreError> {
+    let mut out = Vec::with_capacity(result.map_or(0, result_len));
+    put_result(&mut out, result)?;
+    Ok(out)
+}
+
+fn result_len(r: &StoredResult) -> usize {
+    16 + r.size() + 8 * r.headers.len()
+}
+
+fn put_result(out: &mut Vec<u8>, result: Option<&StoredResult>) -> Result<(), StoreError> {
     let Some(r) = result else {
-        return Ok(Vec::new());
+        return Ok(());
     };
-    let mut out = Vec::with_capacity(16 + r.size() + 8 * r.headers.len());
     out.extend_from_slice(&r.status.to_be_bytes());
     match &r.result_ref {
         Some(rr) => {
             out.push(1);
-            put_bytes32(&mut out, rr.as_bytes())?;
+            put_bytes32(out, rr.as_bytes())?;
         }
         None => out.push(0),
     }
@@ -99,16 +121,22 @@ pub fn result_block(result: Option<&StoredResult>) -> Result<Vec<u8>, StoreError
         .map_err(|_| StoreError::InvalidInput("too many result headers".into()))?;
     out.extend_from_slice(&count.to_be_bytes());
     for (name, value) in &r.headers {
-        put_bytes32(&mut out, name.as_bytes())?;
-        put_bytes32(&mut out, value.as_bytes())?;
+        put_bytes32(out, name.as_bytes())?;
+        put_bytes32(out, value.as_bytes())?;
     }
-    put_bytes32(&mut out, &r.body)?;
-    Ok(out)
+    put_bytes32(out, &r.body)
 }
 
 /// A whole record value, as the scripts would have written it (tests, tools).
 pub fn encode_record(rec: &Record) -> Result<Vec<u8>, StoreError> {
-    let mut out = Vec::with_capacity(HEADER_LEN + 64);
+    // One allocation of the exact size: every fresh claim encodes one.
+    let mut out = Vec::with_capacity(
+        HEADER_LEN
+            + 2
+            + rec.owner.as_ref().map_or(0, |o| o.as_str().len())
+            + identity_len(&rec.principal, &rec.tenant, &rec.key)
+            + rec.result.as_ref().map_or(0, result_len),
+    );
     out.push(FORMAT);
     out.push(state_code(rec.state));
     out.extend_from_slice(&rec.version.to_be_bytes());
@@ -117,17 +145,15 @@ pub fn encode_record(rec: &Record) -> Result<Vec<u8>, StoreError> {
     out.extend_from_slice(&rec.created_at.to_be_bytes());
     out.extend_from_slice(&rec.updated_at.to_be_bytes());
     out.extend_from_slice(&rec.completed_at.unwrap_or(0).to_be_bytes());
-    match &rec.owner {
-        Some(o) => out.extend_from_slice(&owner_block(o)),
-        None => out.extend_from_slice(&0u16.to_be_bytes()),
-    }
-    out.extend_from_slice(&identity_block(
+    put_str16(&mut out, rec.owner.as_ref().map_or("", |o| o.as_str()));
+    put_identity(
+        &mut out,
         &rec.principal,
         &rec.fingerprint,
         &rec.tenant,
         &rec.key,
-    ));
-    out.extend_from_slice(&result_block(rec.result.as_ref())?);
+    );
+    put_result(&mut out, rec.result.as_ref())?;
     Ok(out)
 }
 
@@ -177,6 +203,11 @@ impl<'a> Reader<'a> {
             .map_err(|_| corrupt(format!("{what} is not UTF-8")))
     }
 
+    fn bytes16(&mut self, what: &str) -> Result<&'a [u8], StoreError> {
+        let n = self.u16(what)? as usize;
+        self.take(n, what)
+    }
+
     fn str16(&mut self, what: &str) -> Result<&'a str, StoreError> {
         let n = self.u16(what)? as usize;
         self.text(n, what)
@@ -205,16 +236,21 @@ struct Known<'k> {
     owner: Option<&'k OwnerId>,
 }
 
-/// `known` when it spells `s`, else `make(s)`.
+/// `known` when it spells `raw`, else `make` of `raw` read as text (`what` names it).
 fn shared_or<T: Clone>(
     known: Option<&T>,
     spelled: impl Fn(&T) -> &str,
-    s: &str,
+    raw: &[u8],
+    what: &str,
     make: impl FnOnce(&str) -> Result<T, idem_core::KeyError>,
 ) -> Result<T, StoreError> {
     match known {
-        Some(k) if spelled(k) == s => Ok(k.clone()),
-        _ => make(s).map_err(corrupt),
+        Some(k) if spelled(k).as_bytes() == raw => Ok(k.clone()),
+        _ => {
+            let s =
+                std::str::from_utf8(raw).map_err(|_| corrupt(format!("{what} is not UTF-8")))?;
+            make(s).map_err(corrupt)
+        }
     }
 }
 
@@ -233,13 +269,17 @@ fn decode_head<'a>(buf: &'a [u8], known: Known<'_>) -> Result<(Record, Reader<'a
     let created_at = r.i64("created")?;
     let updated_at = r.i64("updated")?;
     let completed = r.i64("completed")?;
-    let owner = r.str16("owner")?;
+    let owner = r.bytes16("owner")?;
     let owner = if owner.is_empty() {
         None
     } else {
-        Some(shared_or(known.owner, OwnerId::as_str, owner, |s| {
-            OwnerId::new(s)
-        })?)
+        Some(shared_or(
+            known.owner,
+            OwnerId::as_str,
+            owner,
+            "owner",
+            |s| OwnerId::new(s),
+        )?)
     };
     let ident_len = r.u16("identity")? as usize;
     let ident_end = r.pos + ident_len;
@@ -248,13 +288,15 @@ fn decode_head<'a>(buf: &'a [u8], known: Known<'_>) -> Result<(Record, Reader<'a
     let tenant = shared_or(
         known.scope.map(|s| &s.tenant),
         TenantId::as_str,
-        r.str16("tenant")?,
+        r.bytes16("tenant")?,
+        "tenant",
         |s| TenantId::new(s),
     )?;
     let key = shared_or(
         known.scope.map(|s| &s.key),
         IdempotencyKey::as_str,
-        r.str16("key")?,
+        r.bytes16("key")?,
+        "key",
         |s| IdempotencyKey::from_stored(s),
     )?;
     if r.pos != ident_end {

@@ -15,7 +15,9 @@
 //!   or RDB snapshots — and the Redis used by this project's tests and default deployment
 //!   runs with neither — **every record is lost when Redis restarts**. After a restart a
 //!   retried intent is treated as absent and executes again unless a lower layer (the
-//!   business database's UNIQUE constraint) stops it.
+//!   business database's UNIQUE constraint) stops it (a process that read the record
+//!   before may still replay it for the copy's time to live; see *Replays from
+//!   memory*).
 //! - Replication is asynchronous. A record acknowledged by the primary can be missing on
 //!   the replica promoted after a failover, so a duplicate can be admitted. `WAIT` narrows
 //!   this window but does not close it.
@@ -114,10 +116,15 @@
 //! its claims read ([`FinishedLimits`], `idem_store_kit::finished`): a claim on one is
 //! answered — replay, or mismatch for another fingerprint or principal, by the same
 //! decision table — without a command. An entry is used while the upper bound of the
-//! server's clock is before the record's expiry and before the entry's time to live
-//! (10 s by default); that time to live bounds how long a record removed outside idem
-//! (a flush, eviction, a manual `DEL`) can still be replayed by this process. Nothing
-//! that can still change (PROCESSING, FAILED_RETRYABLE) is kept.
+//! server's clock (see `clock`; a reading older than a second is taken again first) is
+//! a second before the record's expiry by this store's `retention`, and before the
+//! entry's time to live (10 s by default), and only while the last command reached the
+//! server (during an outage a claim fails as it would without the copy, and
+//! [`RedisStore::is_reachable`] says so). That time to live bounds how long a record
+//! removed outside idem (a flush, eviction, a manual `DEL`, a restart) can still be
+//! replayed by this process, and how long one written by an instance with a shorter
+//! retention on the same prefix can outlive it here. Nothing that can still change
+//! (PROCESSING, FAILED_RETRYABLE) is kept.
 //!
 //! # Expiry
 //!

@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// Set after a connection error: the next command first re-applies the client name
     /// (a reconnected connection starts unnamed).
     pub(crate) rename: AtomicBool,
+    /// Whether the last command reached the server. Replays are answered from memory
+    /// only while it did: during an outage the store fails as it would without the copy.
+    pub(crate) reachable: AtomicBool,
     pub(crate) claim: Script,
     pub(crate) finish: Script,
     pub(crate) extend: Script,
@@ -205,6 +208,7 @@ impl RedisStore {
                 cluster,
                 response_timeout: options.response_timeout,
                 rename: AtomicBool::new(false),
+                reachable: AtomicBool::new(true),
                 claim: Script::new(CLAIM_LUA),
                 finish: Script::new(FINISH_LUA),
                 extend: Script::new(EXTEND_LUA),
@@ -301,6 +305,14 @@ impl RedisStore {
 
     /// Maps an error, remembering to rename the connection after a connection error.
     pub(crate) fn check<T>(&self, res: Result<T, RedisError>) -> Result<T, StoreError> {
+        let reached = match &res {
+            Ok(_) => true,
+            Err(e) => !map_err(e).is_unavailable(),
+        };
+        // Load first: a store on every command would write the shared flag each time.
+        if self.inner.reachable.load(Ordering::Relaxed) != reached {
+            self.inner.reachable.store(reached, Ordering::SeqCst);
+        }
         res.map_err(|e| {
             let err = map_err(&e);
             if err.is_unavailable() {
@@ -309,6 +321,12 @@ impl RedisStore {
             }
             err
         })
+    }
+
+    /// Whether the last command reached the server (true before the first). An answer
+    /// given while this is false came from the in-process copy, not from the server.
+    pub fn is_reachable(&self) -> bool {
+        self.inner.reachable.load(Ordering::SeqCst)
     }
 
     pub(crate) fn shift(&self) -> i64 {
@@ -340,26 +358,40 @@ impl RedisStore {
         }
     }
 
-    /// Keeps a finished record in the process-local copy until its expiry (or the copy's
-    /// time to live), by the server's clock.
-    fn keep_finished(&self, record: &Record) {
-        let (Some(completed), Some(now)) = (
-            record.completed_at,
-            self.inner.server_clock.bounds(self.shift()),
-        ) else {
+    /// Keeps a finished record in the process-local copy until shortly before its
+    /// expiry (or the copy's time to live ends), by the server's clock. Nothing is kept
+    /// when the clock cannot be read.
+    async fn keep_finished(&self, record: &Record) {
+        if self.inner.finished.limits().capacity == 0 || !record.state.is_terminal() {
+            return;
+        }
+        let (Some(completed), Ok(now)) = (record.completed_at, self.server_now().await) else {
             return;
         };
+        // A completion written without a script stamps its time at the clock's upper
+        // bound, which can run ahead of when the `SET … PX` landed: the margin keeps
+        // the copy from outliving the record.
         let retention = Millis::try_from(self.retention_ms()).unwrap_or(Millis::MAX);
-        self.inner
-            .finished
-            .keep(record, now.upper, completed.saturating_add(retention));
+        let margin = Millis::try_from(clock::REFRESH.as_millis()).unwrap_or(Millis::MAX);
+        let expires_at = completed.saturating_add(retention).saturating_sub(margin);
+        self.inner.finished.keep(record, now.upper, expires_at);
     }
 
     /// The claim answered from a finished record kept in memory, judged at the upper
     /// bound of the server's clock (an entry is dropped as soon as it may have expired).
-    fn answer_from_memory(&self, req: &ClaimRequest) -> Option<Claim> {
-        let now = self.inner.server_clock.bounds(self.shift())?;
-        self.inner.finished.answer(req, now.upper)
+    /// `None` when nothing is kept for the scope or the clock cannot be read (the
+    /// server then decides, or the claim fails as it would without the copy).
+    async fn answer_from_memory(&self, req: &ClaimRequest) -> Option<Claim> {
+        let kept = self.inner.finished.lookup(&req.scope)?;
+        if !self.is_reachable() {
+            return None;
+        }
+        let now = self.server_now().await.ok()?;
+        let answer = kept.answer(req, now.upper);
+        if answer.is_none() {
+            self.inner.finished.forget(&req.scope);
+        }
+        answer
     }
 
     /// The replay shortcut: a plain `GET`. A finished record answers replay or mismatch
@@ -381,7 +413,7 @@ impl RedisStore {
         if !rec.state.is_terminal() {
             return Ok(None);
         }
-        self.keep_finished(&rec);
+        self.keep_finished(&rec).await;
         // Finished: the store time is not needed to decide.
         Ok(match verdict(rec, req, 0) {
             Verdict::Answer(claim @ (Claim::Replay(_) | Claim::Mismatch { .. })) => Some(claim),
@@ -455,7 +487,7 @@ impl RedisStore {
         // Judged at the upper bound: "in progress" only while the lease is surely live.
         let old = codec::decode_record(&old)?;
         if old.state.is_terminal() {
-            self.keep_finished(&old);
+            self.keep_finished(&old).await;
         }
         Ok(match verdict(old, req, now.upper) {
             Verdict::Answer(claim) => Some(claim),
@@ -512,7 +544,7 @@ impl IdempotencyStore for RedisStore {
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let lease_ms = self.inner.limits.claim_lease(req)?;
-        if let Some(claim) = self.answer_from_memory(req) {
+        if let Some(claim) = self.answer_from_memory(req).await {
             return Ok(claim);
         }
         let key = self.record_key(&req.scope);
@@ -545,7 +577,7 @@ impl IdempotencyStore for RedisStore {
         let reply = self.eval(&self.inner.claim, &cmd).await?;
         let claim = parse_claim(req, reply)?;
         if let Claim::Replay(record) = &claim {
-            self.keep_finished(record);
+            self.keep_finished(record).await;
         }
         if !matches!(claim, Claim::Proceed(_)) {
             self.inner.recent.note(&req.scope);

@@ -9,7 +9,8 @@
 //! bounds how long a record removed from outside can still be replayed here.
 //!
 //! Memory is bounded by count and by bytes in two generations: when the current one
-//! fills, the older one is dropped. A record larger than a quarter of the byte bound is
+//! fills, the older one is dropped. A hit is not moved to the current generation: a hot
+//! scope is read from the store again after two rotations, one round trip. A record larger than a quarter of the byte bound is
 //! not kept.
 //!
 //! It must not hold records that can still change (PROCESSING, FAILED_RETRYABLE), and
@@ -81,6 +82,28 @@ impl Generation {
     fn remove(&mut self, scope: &Scope) {
         if let Some(e) = self.entries.remove(scope) {
             self.bytes -= e.bytes;
+        }
+    }
+}
+
+/// A kept record and the store time from which it is no longer used.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    record: Arc<Record>,
+    until: Millis,
+}
+
+impl Kept {
+    /// The claim's answer at store time `now`: a replay or a mismatch by the stores'
+    /// decision table, `None` once the entry's time is over.
+    pub fn answer(self, req: &ClaimRequest, now: Millis) -> Option<Claim> {
+        if now >= self.until {
+            return None;
+        }
+        match verdict(Arc::unwrap_or_clone(self.record), req, now) {
+            Verdict::Answer(claim @ (Claim::Replay(_) | Claim::Mismatch { .. })) => Some(claim),
+            // Unreachable for a final record; decided by the store if it ever is not.
+            Verdict::Answer(_) | Verdict::TakeOver { .. } => None,
         }
     }
 }
@@ -160,32 +183,30 @@ impl FinishedRecords {
         current.entries.insert(scope, entry);
     }
 
-    /// The claim's answer from a kept record — a replay or a mismatch — or `None` when
-    /// no entry for its scope is in use at store time `now`.
-    pub fn answer(&self, req: &ClaimRequest, now: Millis) -> Option<Claim> {
+    /// The entry kept for `scope`, whatever its age: a store looks first and reads its
+    /// clock only when there is one (most claims are of new keys).
+    pub fn lookup(&self, scope: &Scope) -> Option<Kept> {
         if self.limits.is_off() {
             return None;
         }
-        let record = {
-            let mut g = self.lock();
-            let (current, older) = &mut *g;
-            let generation = if current.entries.contains_key(&req.scope) {
-                current
-            } else {
-                older
-            };
-            let entry = generation.entries.get(&req.scope)?;
-            if now >= entry.until {
-                generation.remove(&req.scope);
-                return None;
-            }
-            entry.record.clone()
-        };
-        match verdict(Arc::unwrap_or_clone(record), req, now) {
-            Verdict::Answer(claim @ (Claim::Replay(_) | Claim::Mismatch { .. })) => Some(claim),
-            // Unreachable for a final record; decided by the store if it ever is not.
-            Verdict::Answer(_) | Verdict::TakeOver { .. } => None,
+        let g = self.lock();
+        let entry = g.0.entries.get(scope).or_else(|| g.1.entries.get(scope))?;
+        Some(Kept {
+            record: entry.record.clone(),
+            until: entry.until,
+        })
+    }
+
+    /// The claim's answer from a kept record — a replay or a mismatch — or `None` when
+    /// no entry for its scope is in use at store time `now` (an entry past its time is
+    /// dropped).
+    pub fn answer(&self, req: &ClaimRequest, now: Millis) -> Option<Claim> {
+        let kept = self.lookup(&req.scope)?;
+        let answer = kept.answer(req, now);
+        if answer.is_none() {
+            self.forget(&req.scope);
         }
+        answer
     }
 
     /// Drops the entry of `scope` (its record is known to be gone or changed).
@@ -371,6 +392,34 @@ mod tests {
             100_000,
         );
         assert_eq!(cache.bytes(), before);
+    }
+
+    #[test]
+    fn an_entry_kept_again_from_the_older_generation_is_held_once() {
+        let cache = FinishedRecords::new(FinishedLimits {
+            capacity: 2,
+            max_bytes: 64 * 1024,
+            ttl: Duration::from_secs(60),
+        });
+        let reqs: Vec<_> = (0..3)
+            .map(|i| request("t", &format!("k{i}"), "alice", b"a"))
+            .collect();
+        for r in &reqs {
+            cache.keep(&record(r, RecordState::Succeeded, 10), 1_000, 100_000);
+        }
+        // k0 and k1 were rotated to the older generation when k2 came.
+        assert_eq!(cache.len(), 3);
+        let before = cache.bytes();
+        cache.keep(
+            &record(&reqs[0], RecordState::Succeeded, 10),
+            1_000,
+            100_000,
+        );
+        assert_eq!(cache.len(), 3, "moved, not copied");
+        assert_eq!(cache.bytes(), before);
+        let g = cache.lock();
+        assert!(g.0.entries.contains_key(&reqs[0].scope));
+        assert!(!g.1.entries.contains_key(&reqs[0].scope));
     }
 
     #[test]

@@ -14,5 +14,5 @@ pub mod migrate;
 pub mod recent;
 pub mod row;
 
-pub use finished::{FinishedLimits, FinishedRecords};
+pub use finished::{FinishedLimits, FinishedRecords, Kept};
 pub use recent::RecentKeys;

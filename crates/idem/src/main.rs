@@ -10,10 +10,16 @@ use std::process::ExitCode;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use idem_core::ErrorKind;
 
-/// Every command, and the servers it runs, allocate through mimalloc: a keyed request
+/// Every command, and the servers it runs, allocate through jemalloc: a keyed request
 /// makes about a hundred small allocations, each several times cheaper than glibc's.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Freed pages go back to the system within about a second, from idle threads too (a
+/// burst of buffered bodies must not leave the gateway's memory high).
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 mod bench;
 mod chaos;
