@@ -185,17 +185,34 @@ impl TraceParent {
     pub fn trace_id_hex(&self) -> String {
         hex::encode(self.trace_id)
     }
+
+    /// The header's text, `00-<32 hex>-<16 hex>-<2 hex>`, written without formatting
+    /// machinery (a gateway writes one for every request it forwards).
+    pub fn to_bytes(&self) -> [u8; 55] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [b'-'; 55];
+        out[0] = b'0';
+        out[1] = b'0';
+        let mut at = 3;
+        for (field, end) in [(&self.trace_id[..], 35), (&self.parent_id[..], 52)] {
+            for b in field {
+                out[at] = HEX[usize::from(b >> 4)];
+                out[at + 1] = HEX[usize::from(b & 0xf)];
+                at += 2;
+            }
+            debug_assert_eq!(at, end);
+            at += 1;
+        }
+        out[53] = HEX[usize::from(self.flags >> 4)];
+        out[54] = HEX[usize::from(self.flags & 0xf)];
+        out
+    }
 }
 
 impl std::fmt::Display for TraceParent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "00-{}-{}-{:02x}",
-            hex::encode(self.trace_id),
-            hex::encode(self.parent_id),
-            self.flags
-        )
+        let bytes = self.to_bytes();
+        f.write_str(std::str::from_utf8(&bytes).expect("hex digits and dashes"))
     }
 }
 
@@ -341,6 +358,25 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_traceparent_is_written_as_the_format_says() {
+        for seed in 0u8..=255 {
+            let t = super::TraceParent {
+                trace_id: std::array::from_fn(|i| seed.wrapping_mul(31).wrapping_add(i as u8 * 17)),
+                parent_id: std::array::from_fn(|i| seed ^ (i as u8 * 29)),
+                flags: seed,
+            };
+            let expected = format!(
+                "00-{}-{}-{:02x}",
+                hex::encode(t.trace_id),
+                hex::encode(t.parent_id),
+                t.flags
+            );
+            assert_eq!(t.to_string(), expected);
+            assert_eq!(&t.to_bytes()[..], expected.as_bytes());
+        }
+    }
+
     #[test]
     fn traceparent_round_trips_and_refuses_what_the_recommendation_forbids() {
         let v = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

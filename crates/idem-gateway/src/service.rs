@@ -122,7 +122,7 @@ impl Ctx {
                 flags: 0,
             },
         };
-        if let Ok(v) = HeaderValue::from_str(&next.to_string()) {
+        if let Ok(v) = HeaderValue::from_bytes(&next.to_bytes()) {
             headers.insert(TRACEPARENT, v);
         }
         // A proxy may add its own line instead of extending one: every line counts,
@@ -195,7 +195,11 @@ pub(crate) async fn serve(
 }
 
 async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
-    let id: Arc<str> = Arc::from(uuid::Uuid::now_v7().simple().to_string());
+    let id: Arc<str> = Arc::from(
+        &*uuid::Uuid::now_v7()
+            .simple()
+            .encode_lower(&mut uuid::Uuid::encode_buffer()),
+    );
     let client = idem_core::wire::client_request_id(req.headers()).map(Arc::from);
     let mut response = with_request_ids(id.clone(), client, route_request(ctx, peer, req)).await;
     if let Ok(v) = HeaderValue::from_str(&id) {

@@ -12,7 +12,13 @@ pub use idem_core::wire::*;
 /// UUIDv7.
 pub fn request_id(headers: &http::HeaderMap) -> Arc<str> {
     client_request_id(headers).map_or_else(
-        || Arc::from(uuid::Uuid::now_v7().simple().to_string()),
+        || {
+            Arc::from(
+                &*uuid::Uuid::now_v7()
+                    .simple()
+                    .encode_lower(&mut uuid::Uuid::encode_buffer()),
+            )
+        },
         Arc::from,
     )
 }
