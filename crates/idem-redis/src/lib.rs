@@ -112,8 +112,8 @@
 //!
 //! # Replays from memory
 //!
-//! A finished record changes only by expiring, so the store keeps the finished records
-//! its claims read ([`FinishedLimits`], `idem_store_kit::finished`): a claim on one is
+//! A final record (SUCCEEDED, FAILED_TERMINAL) changes only by expiring, so the store
+//! keeps the final records its claims read ([`FinishedLimits`], `idem_store_kit::finished`): a claim on one is
 //! answered — replay, or mismatch for another fingerprint or principal, by the same
 //! decision table — without a command. An entry is used while the upper bound of the
 //! server's clock (see `clock`; a reading older than a second is taken again first) is
