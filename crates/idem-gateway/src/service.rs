@@ -195,11 +195,7 @@ pub(crate) async fn serve(
 }
 
 async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
-    let id: Arc<str> = Arc::from(
-        &*uuid::Uuid::now_v7()
-            .simple()
-            .encode_lower(&mut uuid::Uuid::encode_buffer()),
-    );
+    let id = idem_http::headers::new_request_id();
     let client = idem_core::wire::client_request_id(req.headers()).map(Arc::from);
     let mut response = with_request_ids(id.clone(), client, route_request(ctx, peer, req)).await;
     if let Ok(v) = HeaderValue::from_str(&id) {

@@ -11,14 +11,15 @@ pub use idem_core::wire::*;
 /// The id of this request: the client's own (see [`client_request_id`]), else a fresh
 /// UUIDv7.
 pub fn request_id(headers: &http::HeaderMap) -> Arc<str> {
-    client_request_id(headers).map_or_else(
-        || {
-            Arc::from(
-                &*uuid::Uuid::now_v7()
-                    .simple()
-                    .encode_lower(&mut uuid::Uuid::encode_buffer()),
-            )
-        },
-        Arc::from,
+    client_request_id(headers).map_or_else(new_request_id, Arc::from)
+}
+
+/// A fresh request id: a UUIDv7 in simple form, encoded on the stack (a server makes one
+/// for every request).
+pub fn new_request_id() -> Arc<str> {
+    Arc::from(
+        &*uuid::Uuid::now_v7()
+            .simple()
+            .encode_lower(&mut uuid::Uuid::encode_buffer()),
     )
 }

@@ -305,22 +305,20 @@ impl RedisStore {
 
     /// Maps an error, remembering to rename the connection after a connection error.
     pub(crate) fn check<T>(&self, res: Result<T, RedisError>) -> Result<T, StoreError> {
-        let reached = match &res {
-            Ok(_) => true,
-            Err(e) => !map_err(e).is_unavailable(),
-        };
-        // Load first: a store on every command would write the shared flag each time.
-        if self.inner.reachable.load(Ordering::Relaxed) != reached {
-            self.inner.reachable.store(reached, Ordering::SeqCst);
-        }
-        res.map_err(|e| {
+        let res = res.map_err(|e| {
             let err = map_err(&e);
             if err.is_unavailable() {
                 self.inner.rename.store(true, Ordering::SeqCst);
                 tracing::warn!(error = %e, "redis store unavailable");
             }
             err
-        })
+        });
+        let reached = !matches!(&res, Err(e) if e.is_unavailable());
+        // Load first: a store on every command would write the shared flag each time.
+        if self.inner.reachable.load(Ordering::Relaxed) != reached {
+            self.inner.reachable.store(reached, Ordering::SeqCst);
+        }
+        res
     }
 
     /// Whether the last command reached the server (true before the first). An answer
@@ -362,7 +360,7 @@ impl RedisStore {
     /// expiry (or the copy's time to live ends), by the server's clock. Nothing is kept
     /// when the clock cannot be read.
     async fn keep_finished(&self, record: &Record) {
-        if self.inner.finished.limits().capacity == 0 || !record.state.is_terminal() {
+        if self.inner.finished.is_off() || !record.state.is_terminal() {
             return;
         }
         let (Some(completed), Ok(now)) = (record.completed_at, self.server_now().await) else {
@@ -387,11 +385,7 @@ impl RedisStore {
             return None;
         }
         let now = self.server_now().await.ok()?;
-        let answer = kept.answer(req, now.upper);
-        if answer.is_none() {
-            self.inner.finished.forget(&req.scope);
-        }
-        answer
+        self.inner.finished.answer_from(kept, req, now.upper)
     }
 
     /// The replay shortcut: a plain `GET`. A finished record answers replay or mismatch
@@ -486,9 +480,7 @@ impl RedisStore {
         };
         // Judged at the upper bound: "in progress" only while the lease is surely live.
         let old = codec::decode_record(&old)?;
-        if old.state.is_terminal() {
-            self.keep_finished(&old).await;
-        }
+        self.keep_finished(&old).await;
         Ok(match verdict(old, req, now.upper) {
             Verdict::Answer(claim) => Some(claim),
             Verdict::TakeOver { .. } => None,

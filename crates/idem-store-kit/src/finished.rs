@@ -10,8 +10,8 @@
 //!
 //! Memory is bounded by count and by bytes in two generations: when the current one
 //! fills, the older one is dropped. A hit is not moved to the current generation: a hot
-//! scope is read from the store again after two rotations, one round trip. A record larger than a quarter of the byte bound is
-//! not kept.
+//! scope is read from the store again after two rotations, one round trip. A record
+//! larger than a quarter of the byte bound is not kept.
 //!
 //! It must not hold records that can still change (PROCESSING, FAILED_RETRYABLE), and
 //! must not decide with any other rule than the stores'.
@@ -145,6 +145,11 @@ impl FinishedRecords {
         self.limits
     }
 
+    /// Whether the limits keep nothing (a store then need not read its clock to keep).
+    pub fn is_off(&self) -> bool {
+        self.limits.is_off()
+    }
+
     fn lock(&self) -> MutexGuard<'_, (Generation, Generation)> {
         // Every update leaves the maps consistent; a panicking holder changes nothing.
         self.generations
@@ -201,7 +206,12 @@ impl FinishedRecords {
     /// no entry for its scope is in use at store time `now` (an entry past its time is
     /// dropped).
     pub fn answer(&self, req: &ClaimRequest, now: Millis) -> Option<Claim> {
-        let kept = self.lookup(&req.scope)?;
+        self.answer_from(self.lookup(&req.scope)?, req, now)
+    }
+
+    /// As [`answer`](Self::answer), from an entry [`lookup`](Self::lookup) found before
+    /// the store read its clock.
+    pub fn answer_from(&self, kept: Kept, req: &ClaimRequest, now: Millis) -> Option<Claim> {
         let answer = kept.answer(req, now);
         if answer.is_none() {
             self.forget(&req.scope);
