@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 use crate::client::{background, connect, send_one};
-use crate::gateway::{bench_config, keyed_request, BenchError, TENANT_HEADER};
+use crate::gateway::{bench_config, keyed_request, pass_request, BenchError, TENANT_HEADER};
 use idem_core::{IdempotencyStore, Principal, TenantId};
 use idem_http::{BearerTokens, IdempotencyLayer, Identity};
 
@@ -64,6 +64,16 @@ impl Target {
     }
 }
 
+impl Workload {
+    fn slug(self) -> &'static str {
+        match self {
+            Workload::Fresh => "fresh",
+            Workload::Replay => "replay",
+            Workload::Pass => "pass",
+        }
+    }
+}
+
 /// Which keyed requests are counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -72,6 +82,8 @@ pub enum Workload {
     Fresh,
     /// A few keys executed before counting, then repeated: replays.
     Replay,
+    /// Key-less requests the gateway passes through (gateway only).
+    Pass,
 }
 
 impl Workload {
@@ -79,6 +91,7 @@ impl Workload {
         match s {
             "fresh" => Some(Workload::Fresh),
             "replay" => Some(Workload::Replay),
+            "pass" => Some(Workload::Pass),
             _ => None,
         }
     }
@@ -133,6 +146,7 @@ impl CallgrindReport {
             match self.workload {
                 Workload::Fresh => "fresh",
                 Workload::Replay => "replayed",
+                Workload::Pass => "no",
             },
             self.store,
             self.requests,
@@ -158,6 +172,11 @@ impl CallgrindReport {
 pub async fn measure(options: CallgrindOptions) -> Result<CallgrindReport, BenchError> {
     let valgrind = find_on_path("valgrind")
         .ok_or_else(|| BenchError::Setup("valgrind not found on PATH".into()))?;
+    if options.workload == Workload::Pass && options.target != Target::Gateway {
+        return Err(BenchError::Setup(
+            "the pass workload is the gateway's: the layer has no pass-through".into(),
+        ));
+    }
     let requests = options.requests.max(1);
     let connections = options.connections.clamp(1, requests);
     let tmp = tempfile::tempdir()?;
@@ -183,15 +202,7 @@ pub async fn measure(options: CallgrindOptions) -> Result<CallgrindReport, Bench
         upstream,
         prefix: &prefix,
     };
-    let label = format!(
-        "{}-{}",
-        options.target.slug(),
-        if options.workload == Workload::Fresh {
-            "fresh"
-        } else {
-            "replay"
-        }
-    );
+    let label = format!("{}-{}", options.target.slug(), options.workload.slug());
     let idle_file = dir.join(format!("callgrind.{label}-idle.out"));
     let loaded_file = dir.join(format!("callgrind.{label}-loaded.out"));
     let measured = async {
@@ -343,11 +354,16 @@ impl Child<'_> {
                     .await
                     .ok_or_else(|| BenchError::Setup("cannot connect".into()))?;
                 for i in 0..share {
-                    let key = match workload {
-                        Workload::Fresh => format!("fresh-{run}-{c}-{i}"),
-                        Workload::Replay => format!("hot-{run}-{}", (c + i) % REPLAY_KEYS),
+                    let req = match workload {
+                        Workload::Fresh => request(target, addr, &format!("fresh-{run}-{c}-{i}")),
+                        Workload::Replay => request(
+                            target,
+                            addr,
+                            &format!("hot-{run}-{}", (c + i) % REPLAY_KEYS),
+                        ),
+                        Workload::Pass => pass_request(addr),
                     };
-                    expect_ok(send_one(&mut conn, request(target, addr, &key)).await)?;
+                    expect_ok(send_one(&mut conn, req).await)?;
                 }
                 Ok::<_, BenchError>(())
             }));

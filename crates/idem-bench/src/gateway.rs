@@ -240,6 +240,11 @@ pub(crate) fn keyed_request(addr: SocketAddr, key: &str) -> Request<Full<Bytes>>
     ScenarioKind::KeyedFresh.request(addr, key)
 }
 
+/// The pass-through scenario's request (no key).
+pub(crate) fn pass_request(addr: SocketAddr) -> Request<Full<Bytes>> {
+    ScenarioKind::PassThrough.request(addr, "")
+}
+
 /// Runs the benchmark. Bounded in time: about `2 scenarios x rounds x 3 targets x phase`
 /// plus the storm and setup.
 pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {

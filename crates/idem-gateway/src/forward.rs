@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Method;
+use http::{Method, Uri};
 use idem_core::{Fingerprint, Principal, Scope};
 
 use http::header::HeaderMap;
@@ -19,19 +19,20 @@ use tokio::time::Instant;
 
 use crate::ctx::{Ctx, GATEWAY_TOKEN, X_REQUEST_ID};
 use crate::flights::Outcome;
+use crate::outbound::Outbound;
 use crate::problem::{Problem, ProblemKind};
 use crate::upstream::{Captured, Exchange, KeyState};
 use crate::upstreams::Heard;
 
-/// A keyed request, buffered and fingerprinted, its headers ready for the upstream.
+/// A keyed request, buffered and fingerprinted; its headers travel apart, as an
+/// [`Outbound`] the execution readies when it sends.
 #[derive(Debug)]
 pub(crate) struct KeyedRequest {
     pub scope: Scope,
     pub principal: Principal,
     pub fingerprint: Fingerprint,
     pub method: Method,
-    pub path_and_query: String,
-    pub headers: HeaderMap,
+    pub uri: Uri,
     pub body: Bytes,
     /// The body's share of the buffering budget, given back when the request is done.
     pub _buffered: crate::buffers::Held,
@@ -41,11 +42,21 @@ pub(crate) struct KeyedRequest {
 pub(crate) struct Forward<'a> {
     ctx: &'a Ctx,
     req: &'a KeyedRequest,
+    outbound: Outbound,
 }
 
 impl<'a> Forward<'a> {
-    pub fn new(ctx: &'a Ctx, req: &'a KeyedRequest) -> Self {
-        Self { ctx, req }
+    pub fn new(ctx: &'a Ctx, req: &'a KeyedRequest, outbound: Outbound) -> Self {
+        Self { ctx, req, outbound }
+    }
+
+    /// Readies the headers and forwards, settling an uncertain result; no lease is
+    /// held here (the window's degraded mode sends this way).
+    pub async fn send(self) -> Settled<Outcome> {
+        let headers = self
+            .outbound
+            .prepare(self.ctx, &self.req.scope.tenant, &self.req.principal);
+        forward(self.ctx, self.req, &headers).await
     }
 }
 
@@ -53,13 +64,14 @@ impl Execution for Forward<'_> {
     type Output = Outcome;
 
     async fn run(self, lease: Lease<'_>) -> Settled<Outcome> {
-        match lease.hold(forward(self.ctx, self.req)).await {
+        let scope = &self.req.scope;
+        match lease.hold(self.send()).await {
             Ran::Done(settled) => settled,
             Ran::CutOff => {
                 // Shutting down past the grace: free the key now rather than when the
                 // lease runs out. The upstream may still complete; its own record
                 // answers a retry.
-                tracing::warn!(scope = %self.req.scope, "shutdown grace over; ending the execution as retryable");
+                tracing::warn!(%scope, "shutdown grace over; ending the execution as retryable");
                 problem(
                     Problem::new(
                         ProblemKind::UpstreamResultUnknown,
@@ -138,8 +150,8 @@ fn state_query_headers(ctx: &Ctx, headers: &HeaderMap) -> HeaderMap {
 /// with the same key and the upstream's own record decides (its replay, or 422). That is
 /// safe exactly because the upstream has a record of the key; the state query's job is
 /// to wait out an execution still running there.
-pub(crate) async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Settled<Outcome> {
-    let (mut last, mut exchange) = send(ctx, req, None).await;
+async fn forward(ctx: &Ctx, req: &KeyedRequest, headers: &HeaderMap) -> Settled<Outcome> {
+    let (mut last, mut exchange) = send(ctx, req, headers, None).await;
     let mut resends_left = ctx.config.state_query.max_retries;
     let mut resent = false;
     loop {
@@ -174,7 +186,8 @@ pub(crate) async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Settled<Outcome> {
                 why
             }
         };
-        let reason = match settle(ctx, req, &why, last).await {
+        // Boxed: only an uncertain result pays for the state query's loop.
+        let reason = match Box::pin(settle(ctx, req, headers, &why, last)).await {
             StateAnswer::Answer(r) => return *r,
             StateAnswer::Stored => "the upstream holds a result for the key",
             StateAnswer::Absent => "the upstream reports the key absent",
@@ -193,14 +206,19 @@ pub(crate) async fn forward(ctx: &Ctx, req: &KeyedRequest) -> Settled<Outcome> {
         resent = true;
         ctx.metrics.resend();
         tracing::info!(scope = %req.scope, reason, "re-sending with the same key");
-        (last, exchange) = send(ctx, req, Some(last)).await;
+        (last, exchange) = send(ctx, req, headers, Some(last)).await;
     }
 }
 
 /// One send of the request, to an upstream other than `avoid` when another is healthy.
 /// A send that never left (connect failed) goes to the next upstream, up to one try
 /// each: it cannot have taken effect. Returns the upstream the last try went to.
-async fn send(ctx: &Ctx, req: &KeyedRequest, mut avoid: Option<usize>) -> (usize, Exchange) {
+async fn send(
+    ctx: &Ctx,
+    req: &KeyedRequest,
+    headers: &HeaderMap,
+    mut avoid: Option<usize>,
+) -> (usize, Exchange) {
     let mut tries = ctx.upstreams.len();
     loop {
         ctx.metrics.upstream_call("keyed");
@@ -209,8 +227,8 @@ async fn send(ctx: &Ctx, req: &KeyedRequest, mut avoid: Option<usize>) -> (usize
             .client()
             .exchange(
                 &req.method,
-                &req.path_and_query,
-                &req.headers,
+                req.uri.path_and_query().map_or("/", |p| p.as_str()),
+                headers,
                 req.body.clone(),
             )
             .await;
@@ -248,7 +266,13 @@ enum StateAnswer {
 /// the key in progress (the first attempt is still running there, say after a pause),
 /// asks again until the duplicate wait runs out: the business state decides, never a
 /// new key.
-async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str, failed_on: usize) -> StateAnswer {
+async fn settle(
+    ctx: &Ctx,
+    req: &KeyedRequest,
+    headers: &HeaderMap,
+    why: &str,
+    failed_on: usize,
+) -> StateAnswer {
     let deadline = Instant::now() + ctx.config.max_wait();
     loop {
         // Any upstream will do (they share one database); the one that just failed to
@@ -260,7 +284,7 @@ async fn settle(ctx: &Ctx, req: &KeyedRequest, why: &str, failed_on: usize) -> S
                 &ctx.state_method,
                 &ctx.config.state_query.path,
                 req.scope.key.as_str(),
-                &state_query_headers(ctx, &req.headers),
+                &state_query_headers(ctx, headers),
                 ctx.config.state_query_timeout(),
             )
             .await;

@@ -51,12 +51,13 @@ use idem_http::pipeline::{Answer, Detached, Joined, Lead, NotFinished};
 use crate::body::Body;
 use crate::ctx::{client_request_id, request_id, Ctx};
 use crate::flights::{Outcome, Slot};
-use crate::forward::{forward, Forward, KeyedRequest};
+use crate::forward::{Forward, KeyedRequest};
+use crate::outbound::Outbound;
 use crate::problem::{Problem, ProblemKind};
 use crate::upstream::Captured;
 
 /// Handles one keyed arrival: joins the flight for its scope or starts one.
-pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
+pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest, outbound: Outbound) -> Response<Body> {
     let (follower, flight) = match ctx.flights.join(&req.scope, req.fingerprint) {
         Joined::Mismatch => {
             return ctx.problem(Problem::new(
@@ -101,7 +102,7 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest) -> Response<Body> {
             // Flown in place by the leader; a leader hanging up hands the rest to a task
             // of its own, so the flight is never cancelled.
             let flight = Detached::new(tracing::Instrument::instrument(
-                fly(ctx.clone(), req, lead, slot),
+                fly(ctx.clone(), req, outbound, lead, slot),
                 span,
             ));
             (follower, Some(flight))
@@ -153,8 +154,14 @@ fn respond(ctx: &Ctx, outcome: &Outcome, follower: bool) -> Response<Body> {
     }
 }
 
-async fn fly(ctx: Arc<Ctx>, req: KeyedRequest, lead: Lead<Outcome>, slot: Slot) {
-    let outcome = resolve(&ctx, &req).await;
+async fn fly(
+    ctx: Arc<Ctx>,
+    req: KeyedRequest,
+    outbound: Outbound,
+    lead: Lead<Outcome>,
+    slot: Slot,
+) {
+    let outcome = resolve(&ctx, &req, outbound).await;
     // The slot and the body's buffer are free before the callers hear the outcome.
     drop(slot);
     drop(req);
@@ -163,7 +170,7 @@ async fn fly(ctx: Arc<Ctx>, req: KeyedRequest, lead: Lead<Outcome>, slot: Slot) 
 
 /// Runs the pipeline in the window and turns its answer into the flight's outcome, or
 /// applies the window's failure modes (see the module docs).
-async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
+async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest, outbound: Outbound) -> Outcome {
     let claim = ClaimRequest {
         scope: req.scope.clone(),
         principal: req.principal.clone(),
@@ -171,9 +178,11 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
         owner: ctx.owners.next(),
         lease: ctx.config.lease(),
     };
-    let answered = match ctx.pipeline().run(&claim, Forward::new(ctx, req)).await {
+    let forward = Forward::new(ctx, req, outbound);
+    let answered = match ctx.pipeline().run(&claim, forward).await {
         Ok(answered) => answered,
-        Err((e, _)) => return window_failed(ctx, req, e).await,
+        // Boxed: only a window that failed pays for its failure modes' state.
+        Err((e, forward)) => return Box::pin(window_failed(ctx, req, e, forward)).await,
     };
     if answered.waited {
         ctx.metrics.coalesced();
@@ -212,7 +221,12 @@ async fn resolve(ctx: &Arc<Ctx>, req: &KeyedRequest) -> Outcome {
 /// The window could not claim: the caller's share or the in-memory window is full
 /// (refused, fail closed), or the shared window is unreachable (forwarded with the key:
 /// the upstream guards).
-async fn window_failed(ctx: &Ctx, req: &KeyedRequest, e: StoreError) -> Outcome {
+async fn window_failed(
+    ctx: &Ctx,
+    req: &KeyedRequest,
+    e: StoreError,
+    forward: Forward<'_>,
+) -> Outcome {
     match e {
         StoreError::Full {
             what,
@@ -257,7 +271,7 @@ async fn window_failed(ctx: &Ctx, req: &KeyedRequest, e: StoreError) -> Outcome 
                 tracing::error!(scope = %req.scope, error = %e, "window error; forwarding with the key");
             }
             ctx.metrics.degraded_request();
-            forward(ctx, req).await.output
+            forward.send().await.output
         }
     }
 }

@@ -124,6 +124,7 @@ mod keyed;
 mod lazy;
 pub mod memory;
 pub mod metrics;
+mod outbound;
 mod pool;
 pub mod problem;
 pub mod routes;
@@ -303,7 +304,7 @@ async fn serve(
         tls,
         |peer| {
             let ctx = ctx.clone();
-            let peer_info = Arc::new(service::Peer::new(peer));
+            let peer_info = Arc::new(outbound::Peer::new(peer));
             service_fn(move |req| service::serve(ctx.clone(), peer_info.clone(), req))
         },
         shutdown,

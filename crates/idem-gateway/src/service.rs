@@ -2,22 +2,19 @@
 //! rule, then either the streamed pass-through or the keyed flow ([`crate::keyed`]).
 //!
 //! The service is infallible: every failure is a problem response. Headers bound for the
-//! upstream lose their hop-by-hop fields and any client-sent identity header; the
-//! gateway then sets the authenticated tenant and principal itself.
+//! upstream are readied by [`crate::outbound`]: the pass-through readies them at once, a
+//! keyed request only when it is forwarded.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::header::{
-    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE,
-    FORWARDED, HOST,
+    HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, HOST,
 };
 use http::{Request, Response, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use idem_core::wire::{TraceParent, TRACEPARENT};
 use idem_core::Identity;
 use idem_core::{IdempotencyStore as _, Scope};
 use idem_http::headers::IDEMPOTENCY_KEY;
@@ -26,17 +23,15 @@ use idem_http::pipeline::request::{self, Refusal};
 use crate::auth::Caller;
 use crate::body::{empty, full, Body, IdleTimeout, ReadError};
 use crate::buffers::BufferError;
-use crate::ctx::{request_id, with_request_ids, Ctx, GATEWAY_TOKEN, X_REQUEST_ID};
+use crate::ctx::{request_id, with_request_ids, Ctx, X_REQUEST_ID};
 use crate::forward::KeyedRequest;
 use crate::keyed;
+use crate::outbound::{Outbound, Peer};
 use crate::problem::{Problem, ProblemKind};
 use crate::upstream::PassError;
 use crate::upstreams::Heard;
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-
-/// How a request's headers are readied for the upstream.
+/// The request check that reads `Connection`.
 impl Ctx {
     /// A request header a client's `Connection` must not name: removing it would
     /// forward the request without its key, its credential or what its fingerprint
@@ -63,126 +58,6 @@ impl Ctx {
             .find(|n| self.end_to_end(n))
             .map(|n| n.as_str().to_string())
     }
-
-    /// Readies client headers for the upstream: hop-by-hop fields, client-sent identity
-    /// headers and (configured) the API key go; the gateway's identity headers come in.
-    fn prepare_headers(&self, headers: &mut HeaderMap, identity: Option<&Identity>, peer: &Peer) {
-        // Forwarding headers are believed only from a configured proxy.
-        let trusted = self.proxies.trusts(peer.ip);
-        // One scan first: requests rarely carry anything to remove.
-        let dirty = headers.keys().any(|n| {
-            crate::hop::is_hop_by_hop(n)
-                || *n == self.tenant_header
-                || *n == self.principal_header
-                || *n == GATEWAY_TOKEN
-                || self.auth.is_credential(n)
-                || (!trusted && is_forwarding(n))
-        });
-        if dirty {
-            crate::hop::strip_hop_by_hop(headers);
-            headers.remove(&self.tenant_header);
-            headers.remove(&self.principal_header);
-            headers.remove(GATEWAY_TOKEN);
-            self.auth.strip(headers);
-            if !trusted {
-                let forwarding: Vec<HeaderName> = headers
-                    .keys()
-                    .filter(|n| is_forwarding(n))
-                    .cloned()
-                    .collect();
-                for n in forwarding {
-                    headers.remove(n);
-                }
-            }
-        }
-        // The upstream gets its own authority as Host (set when it is chosen); the
-        // client's goes along as X-Forwarded-Host (a trusted proxy's own stays).
-        if let Some(host) = headers.remove(HOST) {
-            if !headers.contains_key(X_FORWARDED_HOST) {
-                headers.insert(X_FORWARDED_HOST, host);
-            }
-        }
-        if let Some(id) = request_id().and_then(|id| HeaderValue::from_str(&id).ok()) {
-            headers.insert(X_REQUEST_ID, id);
-        }
-        // W3C trace context: the upstream call is a child of the caller's span, or the
-        // first span of a new trace. A malformed traceparent is replaced, not passed on.
-        let span = uuid::Uuid::new_v4().as_bytes()[..8]
-            .try_into()
-            .unwrap_or([1; 8]);
-        let next = match headers
-            .get(&TRACEPARENT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(TraceParent::parse)
-        {
-            Some(parent) => parent.child(span),
-            None => TraceParent {
-                trace_id: *uuid::Uuid::new_v4().as_bytes(),
-                parent_id: span,
-                flags: 0,
-            },
-        };
-        if let Ok(v) = HeaderValue::from_bytes(&next.to_bytes()) {
-            headers.insert(TRACEPARENT, v);
-        }
-        // A proxy may add its own line instead of extending one: every line counts,
-        // in order.
-        let prior: Vec<&str> = headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        if prior.is_empty() {
-            headers.insert(X_FORWARDED_FOR, peer.xff.clone());
-        } else {
-            let chain = format!("{}, {}", prior.join(", "), peer.ip);
-            match HeaderValue::from_str(&chain) {
-                Ok(v) => {
-                    headers.insert(X_FORWARDED_FOR, v);
-                }
-                Err(_) => {
-                    headers.insert(X_FORWARDED_FOR, peer.xff.clone());
-                }
-            }
-        }
-        if let Some(id) = identity {
-            // Without API keys the upstream tenant is the caller's own partition too:
-            // an upstream that keys on it never merges two callers.
-            let tenant = self.auth.window_tenant(id);
-            if let Ok(v) = HeaderValue::from_str(tenant.as_str()) {
-                headers.insert(self.tenant_header.clone(), v);
-            }
-            if let Ok(v) = HeaderValue::from_str(id.principal.as_str()) {
-                headers.insert(self.principal_header.clone(), v);
-            }
-        }
-        if let Some(token) = &self.token {
-            headers.insert(GATEWAY_TOKEN, token.clone());
-        }
-    }
-}
-
-/// A field that says where a request came from: believed only from trusted proxies.
-fn is_forwarding(name: &HeaderName) -> bool {
-    let n = name.as_str();
-    n.starts_with("x-forwarded-") || n == FORWARDED.as_str() || n == "x-real-ip"
-}
-
-/// The client end of a connection, computed once per connection.
-pub(crate) struct Peer {
-    pub ip: std::net::IpAddr,
-    /// The `X-Forwarded-For` value when the client sent none.
-    pub xff: HeaderValue,
-}
-
-impl Peer {
-    pub fn new(addr: SocketAddr) -> Self {
-        let ip = addr.ip();
-        Self {
-            ip,
-            xff: HeaderValue::from_str(&ip.to_string()).expect("an IP is a header value"),
-        }
-    }
 }
 
 /// The hyper service function.
@@ -191,10 +66,10 @@ pub(crate) async fn serve(
     peer: Arc<Peer>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    Ok(route(ctx, &peer, req).await)
+    Ok(route(ctx, peer, req).await)
 }
 
-async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
+async fn route(ctx: Arc<Ctx>, peer: Arc<Peer>, req: Request<Incoming>) -> Response<Body> {
     let id = idem_http::headers::new_request_id();
     let client = idem_core::wire::client_request_id(req.headers()).map(Arc::from);
     let mut response = with_request_ids(id.clone(), client, route_request(ctx, peer, req)).await;
@@ -204,7 +79,7 @@ async fn route(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<B
     response
 }
 
-async fn route_request(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Response<Body> {
+async fn route_request(ctx: Arc<Ctx>, peer: Arc<Peer>, req: Request<Incoming>) -> Response<Body> {
     if let Some(name) = ctx.connection_conflict(req.headers()) {
         return ctx.problem(Problem::new(
             ProblemKind::ConnectionNamesEndToEnd,
@@ -239,7 +114,7 @@ async fn route_request(ctx: Arc<Ctx>, peer: &Peer, req: Request<Incoming>) -> Re
                 "an API key is required",
             ));
         }
-        passthrough(ctx, peer, req, identity).await
+        passthrough(ctx, &peer, req, identity).await
     }
 }
 
@@ -332,7 +207,13 @@ async fn passthrough(
     identity: Option<Identity>,
 ) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
-    ctx.prepare_headers(&mut parts.headers, identity.as_ref(), peer);
+    // Without API keys the upstream tenant is the caller's own partition too: an
+    // upstream that keys on it never merges two callers.
+    let tenant = identity.as_ref().map(|id| ctx.auth.window_tenant(id));
+    let caller = tenant
+        .as_ref()
+        .zip(identity.as_ref().map(|id| &id.principal));
+    ctx.prepare_headers(&mut parts.headers, caller, peer, request_id().as_deref());
     let upstream = ctx.upstreams.pick(None);
     parts.uri = upstream.client().base().target(&parts.uri);
     parts.version = Version::HTTP_11;
@@ -385,7 +266,7 @@ async fn passthrough(
 
 async fn keyed_entry(
     ctx: Arc<Ctx>,
-    peer: &Peer,
+    peer: Arc<Peer>,
     req: Request<Incoming>,
     identity: Option<Identity>,
 ) -> Response<Body> {
@@ -406,7 +287,7 @@ async fn keyed_entry(
         Ok(declared) => declared,
         Err(r) => return refused(r),
     };
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let read = ctx
         .body_budget
         .read(body, declared, limit, ctx.config.body_read_timeout());
@@ -438,21 +319,16 @@ async fn keyed_entry(
         Ok(f) => f,
         Err(r) => return refused(r),
     };
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
-    ctx.prepare_headers(&mut parts.headers, Some(&identity), peer);
+    // Readied for the upstream only if it is sent: a replay never pays for it.
+    let outbound = Outbound::new(parts.headers, peer, request_id());
     let req = KeyedRequest {
         scope: Scope::new(ctx.auth.window_tenant(&identity), key),
         principal: identity.principal,
         fingerprint,
         method: parts.method,
-        path_and_query,
-        headers: parts.headers,
+        uri: parts.uri,
         body,
         _buffered: buffered,
     };
-    keyed::handle(ctx, req).await
+    keyed::handle(ctx, req, outbound).await
 }

@@ -273,17 +273,12 @@ impl Upstream {
         *req.uri_mut() = self.base.uri(path_and_query);
         *req.headers_mut() = headers.clone();
         req.headers_mut().insert(HOST, self.host.clone());
+        // One timer covers the head and the body.
         let run = async {
-            let (resp, sender) = match self.send(req).await {
-                Err(_) => {
-                    return Exchange::Uncertain(format!(
-                        "no response within {} ms",
-                        self.timeout.as_millis()
-                    ))
-                }
-                Ok(Err(SendError::NotSent(e))) => return Exchange::NotSent(e),
-                Ok(Err(SendError::Failed(e))) => return Exchange::Uncertain(error_chain(&e)),
-                Ok(Ok(x)) => x,
+            let (resp, sender) = match self.pool.send(req).await {
+                Err(SendError::NotSent(e)) => return Exchange::NotSent(e),
+                Err(SendError::Failed(e)) => return Exchange::Uncertain(error_chain(&e)),
+                Ok(x) => x,
             };
             let (mut parts, incoming) = resp.into_parts();
             match read_limited(incoming, self.max_response_bytes, Duration::MAX).await {

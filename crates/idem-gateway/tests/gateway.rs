@@ -142,6 +142,52 @@ async fn the_upstream_sees_the_callers_trace_as_a_child_span() {
 }
 
 #[tokio::test]
+async fn a_keyed_request_is_readied_for_the_upstream_when_sent_and_its_replay_stays_here() {
+    let up = stub().await;
+    let gw = idem_gateway::start(config(&up.url())).await.unwrap();
+    let c = client();
+    let send = || {
+        c.post(format!("{}/v1/echo", gw.url()))
+            .header("x-api-key", T1_KEY)
+            .header("idempotency-key", "outbound-1")
+            .header("x-idem-tenant", "forged")
+            .header("x-forwarded-for", "203.0.113.9")
+            .body("{}")
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert!(first.status().is_success(), "{}", first.status());
+    let id = first.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let v: serde_json::Value = first.json().await.unwrap();
+    let seen = &v["headers"];
+    assert_eq!(seen["x-request-id"], id.as_str(), "the arrival's own id");
+    assert_eq!(
+        seen["x-idem-tenant"], "tenant-1",
+        "the tenant of the API key"
+    );
+    assert_eq!(
+        seen["x-forwarded-for"], "127.0.0.1",
+        "an untrusted peer's chain"
+    );
+    assert!(seen["traceparent"].is_string(), "{seen}");
+    let calls = up.state.total_calls();
+    let again = send().await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_ne!(again.headers()["x-request-id"].to_str().unwrap(), id);
+    let replayed: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(replayed, v, "the first answer, as the upstream gave it");
+    assert_eq!(
+        up.state.total_calls(),
+        calls,
+        "the replay never went upstream"
+    );
+    gw.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn duplicate_replays_the_first_response() {
     let up = stub().await;
     let gw = idem_gateway::start(config(&up.url())).await.unwrap();

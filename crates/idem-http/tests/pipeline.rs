@@ -198,4 +198,13 @@ async fn under_lease_renews_and_a_cut_off_drops_the_work() {
         dropped.load(Ordering::SeqCst),
         "the cut-off work was dropped"
     );
+    // Cut off before it starts: the work is never polled.
+    let polled = Arc::new(AtomicBool::new(false));
+    let seen = polled.clone();
+    let ran = pipeline::under_lease(store.as_ref(), &token, req.lease, &cut_off, async move {
+        seen.store(true, Ordering::SeqCst);
+    })
+    .await;
+    assert!(matches!(ran, Ran::CutOff));
+    assert!(!polled.load(Ordering::SeqCst), "no work after the cut-off");
 }

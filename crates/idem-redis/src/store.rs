@@ -331,10 +331,13 @@ impl RedisStore {
         self.inner.clock.millis()
     }
 
-    /// `EVALSHA <sha> 1 <key>`; the caller appends the script's arguments.
-    fn evalsha(&self, script: &Script, key: &str) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(1).arg(key);
+    /// `EVALSHA <sha> 1 <key>`; the caller appends the script's `args` arguments,
+    /// `bytes` long in all (at most): the command is written into buffers of that size
+    /// at once, not grown argument by argument.
+    fn evalsha(&self, script: &Script, key: &str, args: usize, bytes: usize) -> redis::Cmd {
+        let hash = script.get_hash();
+        let mut cmd = redis::Cmd::with_capacity(4 + args, 8 + hash.len() + key.len() + bytes);
+        cmd.arg("EVALSHA").arg(hash).arg(1).arg(key);
         cmd
     }
 
@@ -463,8 +466,9 @@ impl RedisStore {
         let fresh = idem_core::store::fresh_record(req, now.upper, deadline);
         let value: Arc<[u8]> = codec::encode_record(&fresh)?.into();
         let mut conn = self.conn().await;
+        let mut cmd = redis::Cmd::with_capacity(7, 16 + key.len() + value.len() + NUMBER);
         let old: Option<Vec<u8>> = self.check(
-            redis::cmd("SET")
+            cmd.arg("SET")
                 .arg(key)
                 .arg(&*value)
                 .arg("NX")
@@ -513,8 +517,10 @@ impl RedisStore {
         let value = codec::encode_record(&done)?;
         let key = self.record_key(&token.scope);
         let mut conn = self.conn().await;
+        let mut cmd =
+            redis::Cmd::with_capacity(7, 16 + key.len() + value.len() + written.len() + NUMBER);
         let set: Option<String> = self.check(
-            redis::cmd("SET")
+            cmd.arg("SET")
                 .arg(&key)
                 .arg(value)
                 .arg("IFEQ")
@@ -527,6 +533,9 @@ impl RedisStore {
         Ok(set.map(|_| done))
     }
 }
+
+/// The longest decimal form of a 64-bit number, for sizing a command's buffer.
+const NUMBER: usize = 20;
 
 #[async_trait]
 impl IdempotencyStore for RedisStore {
@@ -560,11 +569,17 @@ impl IdempotencyStore for RedisStore {
             &req.scope.tenant,
             &req.scope.key,
         );
-        let mut cmd = self.evalsha(&self.inner.claim, &key);
+        let owner = codec::owner_block(&req.owner);
+        let mut cmd = self.evalsha(
+            &self.inner.claim,
+            &key,
+            5,
+            3 * NUMBER + owner.len() + ident.len(),
+        );
         cmd.arg(self.shift())
             .arg(millis_u64(req.lease))
             .arg(self.retention_ms())
-            .arg(codec::owner_block(&req.owner))
+            .arg(owner)
             .arg(ident);
         let reply = self.eval(&self.inner.claim, &cmd).await?;
         let claim = parse_claim(req, reply)?;
@@ -588,13 +603,20 @@ impl IdempotencyStore for RedisStore {
             }
         }
         let key = self.record_key(&token.scope);
-        let mut cmd = self.evalsha(&self.inner.finish, &key);
+        let owner = codec::owner_block(&token.owner);
+        let result = codec::result_block(finish.result.as_ref())?;
+        let mut cmd = self.evalsha(
+            &self.inner.finish,
+            &key,
+            6,
+            3 * NUMBER + 1 + owner.len() + result.len(),
+        );
         cmd.arg(self.shift())
             .arg(self.retention_ms())
-            .arg(codec::owner_block(&token.owner))
+            .arg(owner)
             .arg(token.version)
             .arg(&[codec::state_code(finish.state)][..])
-            .arg(codec::result_block(finish.result.as_ref())?);
+            .arg(result);
         match self.eval(&self.inner.finish, &cmd).await? {
             Value::BulkString(head) => {
                 let rec = codec::decode_finished(&head, Some(token), finish.result)?;
@@ -617,11 +639,12 @@ impl IdempotencyStore for RedisStore {
     ) -> Result<Millis, StoreError> {
         check_lease(lease)?;
         let key = self.record_key(&token.scope);
-        let mut cmd = self.evalsha(&self.inner.extend, &key);
+        let owner = codec::owner_block(&token.owner);
+        let mut cmd = self.evalsha(&self.inner.extend, &key, 5, 4 * NUMBER + owner.len());
         cmd.arg(self.shift())
             .arg(millis_u64(lease))
             .arg(self.retention_ms())
-            .arg(codec::owner_block(&token.owner))
+            .arg(owner)
             .arg(token.version);
         match self.eval(&self.inner.extend, &cmd).await? {
             Value::Int(deadline) => Ok(deadline),
@@ -647,8 +670,9 @@ impl IdempotencyStore for RedisStore {
     /// Removes the claim's record: nothing of it stays for the retention.
     async fn abandon(&self, token: &ClaimToken) -> Result<(), StoreError> {
         let key = self.record_key(&token.scope);
-        let mut cmd = self.evalsha(&self.inner.abandon, &key);
-        cmd.arg(codec::owner_block(&token.owner)).arg(token.version);
+        let owner = codec::owner_block(&token.owner);
+        let mut cmd = self.evalsha(&self.inner.abandon, &key, 2, NUMBER + owner.len());
+        cmd.arg(owner).arg(token.version);
         match self.eval(&self.inner.abandon, &cmd).await? {
             Value::Int(1) => {
                 tracing::debug!(scope = %token.scope, "redis claim abandoned");

@@ -6,13 +6,15 @@
 //! caller settles it ([`crate::pipeline::finish()`]).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use idem_core::{ClaimToken, IdempotencyStore};
+use idem_core::{ClaimToken, IdempotencyStore, Millis, StoreError};
 use tokio::sync::{watch, Notify};
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 /// The executions running under a claim, so a shutdown can cut them off and wait until
 /// their records are written.
@@ -97,36 +99,86 @@ pub enum Ran<T> {
 }
 
 /// Drives `work` while renewing the claim's lease every `lease / 3`, until it ends or
-/// `cut_off` is cancelled. A finished answer wins over a cut-off at the same moment.
-pub async fn under_lease<F: Future>(
-    store: &dyn IdempotencyStore,
-    token: &ClaimToken,
+/// `cut_off` is cancelled. A finished answer wins over a cut-off at the same moment; the
+/// work keeps running while a renewal is on its way.
+pub fn under_lease<'a, F: Future + 'a>(
+    store: &'a dyn IdempotencyStore,
+    token: &'a ClaimToken,
     lease: Duration,
     cut_off: &Executions,
     work: F,
-) -> Ran<F::Output> {
-    if cut_off.is_cancelled() {
-        return Ran::CutOff;
-    }
-    let mut work = std::pin::pin!(work);
+) -> impl Future<Output = Ran<F::Output>> + 'a {
     let period = (lease / 3).max(Duration::from_millis(10));
     let mut heartbeat = tokio::time::interval_at(Instant::now() + period, period);
     heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut cancelled = std::pin::pin!(cut_off.cancelled());
-    loop {
-        tokio::select! {
-            biased;
-            out = &mut work => return Ran::Done(out),
-            _ = &mut cancelled => return Ran::CutOff,
-            _ = heartbeat.tick() => match store.extend_lease(token, lease).await {
-                Ok(_) => {}
-                // Finished meanwhile (in the handler's transaction) or taken over: the
-                // finish will tell which.
-                Err(e) if e.is_superseded() => {
-                    tracing::debug!(scope = %token.scope, "lease renewal found the claim moved on")
+    UnderLease {
+        work,
+        cancelled: cut_off.cancelled(),
+        cut_off_before: cut_off.is_cancelled(),
+        heartbeat,
+        renewing: None,
+        store,
+        token,
+        lease,
+    }
+}
+
+type Renewal<'a> = Pin<Box<dyn Future<Output = Result<Millis, StoreError>> + Send + 'a>>;
+
+pin_project_lite::pin_project! {
+    /// [`under_lease`]'s future. Written out rather than as an `async fn`, which would
+    /// hold the work twice (as its argument and as the pinned local it is polled
+    /// from): a forwarded request's work is kilobytes, copied on every move.
+    struct UnderLease<'a, F, C> {
+        #[pin]
+        work: F,
+        #[pin]
+        cancelled: C,
+        cut_off_before: bool,
+        heartbeat: Interval,
+        renewing: Option<Renewal<'a>>,
+        store: &'a dyn IdempotencyStore,
+        token: &'a ClaimToken,
+        lease: Duration,
+    }
+}
+
+impl<F: Future, C: Future<Output = ()>> Future for UnderLease<'_, F, C> {
+    type Output = Ran<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if *this.cut_off_before {
+            return Poll::Ready(Ran::CutOff);
+        }
+        if let Poll::Ready(out) = this.work.poll(cx) {
+            return Poll::Ready(Ran::Done(out));
+        }
+        if this.cancelled.poll(cx).is_ready() {
+            return Poll::Ready(Ran::CutOff);
+        }
+        loop {
+            if let Some(renewal) = this.renewing.as_mut() {
+                let Poll::Ready(renewed) = renewal.as_mut().poll(cx) else {
+                    return Poll::Pending;
+                };
+                *this.renewing = None;
+                match renewed {
+                    Ok(_) => {}
+                    // Finished meanwhile (in the handler's transaction) or taken over:
+                    // the finish will tell which.
+                    Err(e) if e.is_superseded() => {
+                        tracing::debug!(scope = %this.token.scope, "lease renewal found the claim moved on")
+                    }
+                    Err(e) => {
+                        tracing::warn!(scope = %this.token.scope, error = %e, "lease renewal failed")
+                    }
                 }
-                Err(e) => tracing::warn!(scope = %token.scope, error = %e, "lease renewal failed"),
-            },
+            }
+            if this.heartbeat.poll_tick(cx).is_pending() {
+                return Poll::Pending;
+            }
+            *this.renewing = Some(this.store.extend_lease(this.token, *this.lease));
         }
     }
 }

@@ -56,14 +56,14 @@ pub struct Lease<'a> {
     cut_off: &'a Executions,
 }
 
-impl Lease<'_> {
+impl<'a> Lease<'a> {
     pub fn token(&self) -> &ClaimToken {
         self.token
     }
 
     /// Drives `work` under the lease (see [`under_lease`]).
-    pub async fn hold<F: Future>(&self, work: F) -> Ran<F::Output> {
-        under_lease(self.store, self.token, self.lease, self.cut_off, work).await
+    pub fn hold<F: Future + 'a>(&self, work: F) -> impl Future<Output = Ran<F::Output>> + 'a {
+        under_lease(self.store, self.token, self.lease, self.cut_off, work)
     }
 }
 

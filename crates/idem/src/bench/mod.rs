@@ -33,8 +33,9 @@ enum BenchCommand {
         /// What serves the requests.
         #[arg(long, value_parser = ["gateway", "layer"], default_value = "gateway")]
         target: String,
-        /// `fresh` keys, or `replay`s of keys executed before counting.
-        #[arg(long, value_parser = ["fresh", "replay"], default_value = "fresh")]
+        /// `fresh` keys, `replay`s of keys executed before counting, or key-less `pass`
+        /// requests (the gateway's pass-through).
+        #[arg(long, value_parser = ["fresh", "replay", "pass"], default_value = "fresh")]
         workload: String,
         /// Keyed requests counted.
         #[arg(long, default_value_t = 2_000)]
