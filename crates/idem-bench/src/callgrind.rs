@@ -1,13 +1,15 @@
-//! `idem bench callgrind`: instructions per keyed request, counted by valgrind's callgrind.
+//! `idem bench callgrind`: instructions per request (keyed, or the gateway's key-less
+//! pass-through), counted by valgrind's callgrind.
 //!
 //! The server under test — the gateway, or an axum app behind the HTTP layer — runs as a
 //! child `idem bench callgrind-serve` under `valgrind --tool=callgrind`; the upstream
 //! (`idem-stub`) and the client run in this process, outside valgrind. Each measurement
 //! is two runs of the child: an idle one (start, the seeding a workload needs, stop) and
-//! one that also serves `requests` keyed requests; instructions per request are the
+//! one that also serves `requests` requests; instructions per request are the
 //! difference over `requests`, so start-up and shutdown cancel out. Workloads: fresh keys
-//! (every request claims, forwards or executes, and finishes) and replays (a few keys
-//! executed once, then answered from the window or store).
+//! (every request claims, forwards or executes, and finishes), replays (a few keys
+//! executed once, then answered from the window or store) and, for the gateway, key-less
+//! requests it passes through.
 //!
 //! Owns the child's command line and the reading of callgrind's totals. It must not
 //! change what the server under test is configured with beyond what the bench uses.
@@ -74,7 +76,7 @@ impl Workload {
     }
 }
 
-/// Which keyed requests are counted.
+/// Which requests are counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Workload {
@@ -102,7 +104,7 @@ impl Workload {
 pub struct CallgrindOptions {
     pub target: Target,
     pub workload: Workload,
-    /// Keyed requests counted.
+    /// Requests counted.
     pub requests: usize,
     /// Keep-alive connections they are spread over.
     pub connections: usize,
@@ -170,13 +172,13 @@ impl CallgrindReport {
 
 /// Runs the idle and the loaded child and reports instructions per request.
 pub async fn measure(options: CallgrindOptions) -> Result<CallgrindReport, BenchError> {
-    let valgrind = find_on_path("valgrind")
-        .ok_or_else(|| BenchError::Setup("valgrind not found on PATH".into()))?;
     if options.workload == Workload::Pass && options.target != Target::Gateway {
         return Err(BenchError::Setup(
             "the pass workload is the gateway's: the layer has no pass-through".into(),
         ));
     }
+    let valgrind = find_on_path("valgrind")
+        .ok_or_else(|| BenchError::Setup("valgrind not found on PATH".into()))?;
     let requests = options.requests.max(1);
     let connections = options.connections.clamp(1, requests);
     let tmp = tempfile::tempdir()?;
@@ -249,7 +251,7 @@ struct Child<'a> {
 }
 
 impl Child<'_> {
-    /// One run under callgrind: start, seed, `requests` keyed requests, stop. Returns the
+    /// One run under callgrind: start, seed, `requests` requests, stop. Returns the
     /// instructions callgrind counted.
     async fn run(
         &self,
@@ -322,7 +324,7 @@ impl Child<'_> {
             .ok_or_else(|| BenchError::Setup(format!("no totals in {}", out.display())))
     }
 
-    /// The workload's seeding, then `requests` keyed requests spread over `connections`.
+    /// The workload's seeding, then `requests` requests spread over `connections`.
     async fn send(
         &self,
         addr: SocketAddr,

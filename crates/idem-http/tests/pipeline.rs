@@ -60,14 +60,28 @@ async fn a_waiter_is_woken_by_the_finish_and_replays() {
     drop(cut_off);
 }
 
-/// The real store, counting claims.
-struct Counting {
+/// The real store, counting claims and lease renewals; renewals wait until the gate
+/// is open.
+struct Watched {
     inner: Arc<SqliteStore>,
     claims: AtomicUsize,
+    renewing: AtomicUsize,
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl Watched {
+    fn new(inner: Arc<SqliteStore>, open: bool) -> Self {
+        Self {
+            inner,
+            claims: AtomicUsize::new(0),
+            renewing: AtomicUsize::new(0),
+            gate: tokio::sync::watch::channel(open).0,
+        }
+    }
 }
 
 #[async_trait]
-impl IdempotencyStore for Counting {
+impl IdempotencyStore for Watched {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -83,6 +97,9 @@ impl IdempotencyStore for Counting {
         token: &ClaimToken,
         lease: Duration,
     ) -> Result<Millis, StoreError> {
+        self.renewing.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.gate.subscribe();
+        let _ = open.wait_for(|o| *o).await;
         self.inner.extend_lease(token, lease).await
     }
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
@@ -91,6 +108,51 @@ impl IdempotencyStore for Counting {
     async fn unique_guard(&self) -> Result<bool, StoreError> {
         self.inner.unique_guard().await
     }
+}
+
+/// A fresh key claimed by owner `a` with `lease`.
+async fn claimed(
+    lease: Duration,
+) -> (
+    tempfile::TempDir,
+    Arc<SqliteStore>,
+    idem_core::TenantId,
+    ClaimRequest,
+    ClaimToken,
+) {
+    let (dir, store) = store().await;
+    let tenant = fresh_tenant();
+    let mut req = request(&tenant, "k", "p", "a");
+    req.lease = lease;
+    let Claim::Proceed(token) = store.claim(&req).await.unwrap() else {
+        panic!("proceeds")
+    };
+    (dir, store, tenant, req, token)
+}
+
+/// A renewal that waits on the work (a handler's transaction holding the writer the
+/// renewal needs) must not stop the work: it runs on and lets the renewal through.
+#[tokio::test]
+async fn the_work_runs_on_while_a_renewal_waits() {
+    let (_dir, store, _, req, token) = claimed(Duration::from_millis(300)).await;
+    let held = Watched::new(store.clone(), false);
+    let cut_off = Executions::default();
+    let work = async {
+        // Until the first heartbeat is stuck on the gate, then open it.
+        while held.renewing.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        held.gate.send_replace(true);
+        "done"
+    };
+    let ran = tokio::time::timeout(
+        Duration::from_secs(5),
+        pipeline::under_lease(&held, &token, req.lease, &cut_off, work),
+    )
+    .await
+    .expect("the work was not starved by the waiting renewal");
+    assert!(matches!(ran, Ran::Done("done")));
+    assert!(held.renewing.load(Ordering::SeqCst) >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,10 +165,7 @@ async fn the_cut_off_answers_a_waiter_without_claiming_again() {
         Claim::Proceed(_)
     ));
     let cut_off = Arc::new(Executions::default());
-    let counting = Arc::new(Counting {
-        inner: store.clone(),
-        claims: AtomicUsize::new(0),
-    });
+    let counting = Arc::new(Watched::new(store.clone(), true));
     let waiter = {
         let (store, cut_off) = (counting.clone(), cut_off.clone());
         let req = request(&tenant, "k", "p", "b");
@@ -148,13 +207,7 @@ async fn the_cut_off_answers_a_waiter_without_claiming_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_lease_renews_and_a_cut_off_drops_the_work() {
-    let (_dir, store) = store().await;
-    let tenant = fresh_tenant();
-    let mut req = request(&tenant, "k", "p", "a");
-    req.lease = Duration::from_millis(300);
-    let Claim::Proceed(token) = store.claim(&req).await.unwrap() else {
-        panic!("proceeds")
-    };
+    let (_dir, store, tenant, req, token) = claimed(Duration::from_millis(300)).await;
     let cut_off = Executions::default();
     // Work three leases long: the heartbeat must keep the claim ours.
     let ran = pipeline::under_lease(

@@ -99,8 +99,12 @@ pub enum Ran<T> {
 }
 
 /// Drives `work` while renewing the claim's lease every `lease / 3`, until it ends or
-/// `cut_off` is cancelled. A finished answer wins over a cut-off at the same moment; the
-/// work keeps running while a renewal is on its way.
+/// `cut_off` is cancelled. A finished answer wins over a cut-off at the same moment.
+///
+/// The work keeps running while a renewal is on its way: a renewal may wait on the
+/// work itself (a handler's transaction holding the writer it needs). A renewal still
+/// on its way when the work ends or is cut off is dropped; it only ever pushed the
+/// deadline of a record its owner is about to finish or free.
 pub fn under_lease<'a, F: Future + 'a>(
     store: &'a dyn IdempotencyStore,
     token: &'a ClaimToken,

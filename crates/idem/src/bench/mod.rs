@@ -26,8 +26,8 @@ pub struct BenchArgs {
 
 #[derive(clap::Subcommand)]
 enum BenchCommand {
-    /// Instructions per keyed request of the gateway or of an app behind the HTTP layer,
-    /// counted by valgrind's callgrind (the server runs under valgrind, the client and
+    /// Instructions per request (keyed, or passed through) of the gateway or of an app
+    /// behind the HTTP layer, counted by valgrind's callgrind (the server runs under valgrind, the client and
     /// upstream outside it; an idle run's start-up and shutdown are subtracted).
     Callgrind {
         /// What serves the requests.
@@ -37,7 +37,7 @@ enum BenchCommand {
         /// requests (the gateway's pass-through).
         #[arg(long, value_parser = ["fresh", "replay", "pass"], default_value = "fresh")]
         workload: String,
-        /// Keyed requests counted.
+        /// Requests counted.
         #[arg(long, default_value_t = 2_000)]
         requests: usize,
         /// Keep-alive connections they are spread over.
