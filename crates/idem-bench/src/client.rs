@@ -45,6 +45,8 @@ pub struct TargetResult {
 pub(crate) struct Background {
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The thread's kernel id (for its CPU clock), where `/proc` says it.
+    pub(crate) tid: Option<u32>,
 }
 
 impl Drop for Background {
@@ -86,10 +88,11 @@ where
                     return;
                 }
             };
+            let tid = crate::saturation::CpuClock::current_thread_id();
             rt.block_on(async move {
                 match start().await {
                     Ok((value, guard)) => {
-                        let _ = ready_tx.send(Ok(value));
+                        let _ = ready_tx.send(Ok((value, tid)));
                         let _ = stop_rx.await;
                         drop(guard);
                     }
@@ -99,13 +102,15 @@ where
                 }
             });
         })?;
-    let bg = Background {
+    let mut bg = Background {
         stop: Some(stop_tx),
         thread: Some(thread),
+        tid: None,
     };
-    let value = ready_rx
+    let (value, tid) = ready_rx
         .await
         .map_err(|_| BenchError::Setup(format!("{name} did not start")))??;
+    bg.tid = tid;
     Ok((value, bg))
 }
 

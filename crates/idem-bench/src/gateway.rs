@@ -18,7 +18,7 @@
 
 use crate::client::{background, connect, drive, percentile, send_one, Load};
 use crate::nginx::{find_nginx, Nginx};
-use crate::saturation::{Meter, Saturation};
+use crate::saturation::{CpuClock, CpuTime, Meter, Saturation};
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -94,6 +94,29 @@ pub struct Scenario {
     pub gateway_saturation: Option<Saturation>,
     /// The bar `gateway_vs_nginx` should reach in this scenario.
     pub target_vs_nginx: f64,
+    /// CPU per answered request, by target, read off each server's own clock.
+    pub cpu: Vec<TargetCpu>,
+    /// nginx's CPU per request ÷ the gateway's (above 1: the gateway spends less). Unlike
+    /// the throughput ratio it does not depend on how the scheduler shared the cores
+    /// between the proxy, the upstream and the load generator.
+    pub gateway_vs_nginx_cpu: Option<f64>,
+}
+
+/// One target's CPU per answered request, in microseconds: the proxy's (nginx's process,
+/// the gateway's thread; none for `direct`), split into user space and kernel, and the
+/// upstream's. `None` where `/proc` could not be read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TargetCpu {
+    pub target: String,
+    pub proxy_user_us: Option<f64>,
+    pub proxy_system_us: Option<f64>,
+    pub upstream_us: Option<f64>,
+}
+
+impl TargetCpu {
+    fn proxy_us(&self) -> Option<f64> {
+        Some(self.proxy_user_us? + self.proxy_system_us?)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -175,6 +198,20 @@ impl BenchReport {
             }
             if let Some(sat) = &sc.gateway_saturation {
                 s.push_str(&format!("  saturated: {}\n", sat.saturated));
+            }
+            let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+            s.push_str("  cpu per request (us): proxy user + kernel, upstream\n");
+            for c in &sc.cpu {
+                s.push_str(&format!(
+                    "  {:<8} {:>7} + {:<7} {:>7}\n",
+                    c.target,
+                    us(c.proxy_user_us),
+                    us(c.proxy_system_us),
+                    us(c.upstream_us)
+                ));
+            }
+            if let Some(r) = sc.gateway_vs_nginx_cpu {
+                s.push_str(&format!("  nginx cpu / gateway cpu per request {r:.2}\n"));
             }
         }
         let st = &self.storm;
@@ -308,10 +345,15 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
     };
 
     let mut targets: Vec<(&str, SocketAddr)> = vec![("direct", upstream_addr)];
+    // Whose CPU each target costs besides the upstream's: none for direct.
+    let mut proxies: Vec<Option<CpuClock>> = vec![None];
     if let Some(n) = &nginx {
         targets.push(("nginx", n.addr));
+        proxies.push(n.pid().map(CpuClock::process));
     }
     targets.push(("gateway", gateway_addr));
+    proxies.push(_gateway_rt.tid.map(CpuClock::thread));
+    let upstream_clock = _upstream_rt.tid.map(CpuClock::thread);
 
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let mut scenarios = Vec::new();
@@ -346,6 +388,17 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
             }
         }
         let mut loads: Vec<Load> = targets.iter().map(|_| Load::default()).collect();
+        // Per target: the proxy's and the upstream's CPU time, summed over the rounds.
+        let mut spent: Vec<(Option<CpuTime>, Option<CpuTime>)> = targets
+            .iter()
+            .zip(&proxies)
+            .map(|(_, p)| {
+                (
+                    p.as_ref().map(|_| CpuTime::default()),
+                    upstream_clock.as_ref().map(|_| CpuTime::default()),
+                )
+            })
+            .collect();
         let mut gateway_saturation = None;
         for round in 0..options.rounds.max(1) {
             for (i, (name, addr)) in targets.iter().enumerate() {
@@ -354,6 +407,8 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
                     _ => format!("{run_id}-{}-{name}-{round}", scenario.slug()),
                 };
                 let meter = Meter::start();
+                let proxy_before = proxies[i].as_ref().and_then(CpuClock::read);
+                let upstream_before = upstream_clock.as_ref().and_then(CpuClock::read);
                 let addr = *addr;
                 let l = drive(addr, concurrency, phase, move |c, seq| {
                     let key = match scenario {
@@ -368,6 +423,16 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
                 if *name == "gateway" {
                     gateway_saturation = Some(meter.stop("the gateway's proxying"));
                 }
+                let after = |clock: &Option<CpuClock>, before: Option<CpuTime>| {
+                    Some(clock.as_ref()?.read()?.since(before?))
+                };
+                let (proxy, upstream) = &mut spent[i];
+                *proxy = proxy
+                    .zip(after(&proxies[i], proxy_before))
+                    .map(|(a, b)| a + b);
+                *upstream = upstream
+                    .zip(after(&upstream_clock, upstream_before))
+                    .map(|(a, b)| a + b);
                 loads[i].merge(l);
             }
         }
@@ -378,6 +443,27 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
             .collect();
         let rps = |t: &str| results.iter().find(|r| r.target == t).map(|r| r.rps);
         let gw = rps("gateway").unwrap_or(0.0);
+        let cpu: Vec<TargetCpu> = results
+            .iter()
+            .zip(&spent)
+            .map(|(r, (proxy, upstream))| {
+                let per = |s: f64| (r.requests > 0).then(|| round1(s * 1e6 / r.requests as f64));
+                TargetCpu {
+                    target: r.target.clone(),
+                    proxy_user_us: proxy.and_then(|p| per(p.user_s)),
+                    proxy_system_us: proxy.and_then(|p| per(p.system_s)),
+                    upstream_us: upstream.and_then(|u| per(u.user_s + u.system_s)),
+                }
+            })
+            .collect();
+        let proxy_us = |t: &str| {
+            cpu.iter()
+                .find(|c| c.target == t)
+                .and_then(TargetCpu::proxy_us)
+        };
+        let gateway_vs_nginx_cpu = proxy_us("nginx")
+            .zip(proxy_us("gateway"))
+            .map(|(n, g)| ratio(n, g));
         scenarios.push(Scenario {
             name: scenario.name().to_string(),
             gateway_vs_direct: ratio(gw, rps("direct").unwrap_or(0.0)),
@@ -385,6 +471,8 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
             targets: results,
             gateway_saturation,
             target_vs_nginx: scenario.target_vs_nginx(),
+            cpu,
+            gateway_vs_nginx_cpu,
         });
     }
 
@@ -420,6 +508,10 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
         passthrough_vs_nginx,
         meets_target: passthrough_vs_nginx.map(|r| r >= target),
     })
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

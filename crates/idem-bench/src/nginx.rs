@@ -117,6 +117,13 @@ http {{
     }
 }
 
+impl Nginx {
+    /// The process id, for its CPU clock (one process: `master_process off`).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
 impl Drop for Nginx {
     fn drop(&mut self) {
         // One process (master_process off), so killing it leaves no worker behind.

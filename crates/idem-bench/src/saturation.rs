@@ -2,8 +2,8 @@
 //! (busy, waiting on I/O) and this process's own (load generator and, in-process, the
 //! server under test), sampled at the start and the end of a measurement.
 //!
-//! Owns reading `/proc/stat` and `/proc/self/stat` and the verdict drawn from them. It
-//! must not change how a bench runs. Where the counters are not readable (not Linux) the
+//! Owns reading `/proc/stat`, `/proc/self/stat` and one process's or thread's CPU time
+//! ([`CpuClock`]), and the verdict drawn from them. It must not change how a bench runs. Where the counters are not readable (not Linux) the
 //! verdict says so instead of guessing.
 
 use std::time::Instant;
@@ -143,13 +143,86 @@ fn process_ticks() -> Option<u64> {
 }
 
 fn parse_self_stat(text: &str) -> Option<u64> {
+    parse_user_system(text).map(|(u, s)| u + s)
+}
+
+/// utime and stime, in ticks, from a `stat` file's text.
+fn parse_user_system(text: &str) -> Option<(u64, u64)> {
     // The command name (field 2) is in parentheses and may hold spaces.
     let rest = &text[text.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // `rest` starts at field 3 (state): utime is field 14, stime field 15.
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    Some((utime, stime))
+}
+
+/// CPU time one process or thread spent, in user space and in the kernel: what one
+/// server costs per request, apart from the load generator and the other servers that
+/// share the cores with it.
+#[derive(Debug, Clone)]
+pub struct CpuClock {
+    stat: std::path::PathBuf,
+}
+
+/// CPU seconds read off a [`CpuClock`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTime {
+    pub user_s: f64,
+    pub system_s: f64,
+}
+
+impl CpuTime {
+    /// What was spent from `earlier` to `self`.
+    pub fn since(self, earlier: CpuTime) -> CpuTime {
+        CpuTime {
+            user_s: (self.user_s - earlier.user_s).max(0.0),
+            system_s: (self.system_s - earlier.system_s).max(0.0),
+        }
+    }
+}
+
+impl std::ops::Add for CpuTime {
+    type Output = CpuTime;
+
+    fn add(self, other: CpuTime) -> CpuTime {
+        CpuTime {
+            user_s: self.user_s + other.user_s,
+            system_s: self.system_s + other.system_s,
+        }
+    }
+}
+
+impl CpuClock {
+    /// Another process, by pid.
+    pub fn process(pid: u32) -> Self {
+        Self {
+            stat: format!("/proc/{pid}/stat").into(),
+        }
+    }
+
+    /// A thread of this process, by its kernel thread id.
+    pub fn thread(tid: u32) -> Self {
+        Self {
+            stat: format!("/proc/self/task/{tid}/stat").into(),
+        }
+    }
+
+    /// The calling thread's kernel id, where `/proc` says it.
+    pub fn current_thread_id() -> Option<u32> {
+        let link = std::fs::read_link("/proc/thread-self").ok()?;
+        link.file_name()?.to_str()?.parse().ok()
+    }
+
+    /// Its CPU time so far; `None` where `/proc` is not readable.
+    pub fn read(&self) -> Option<CpuTime> {
+        let text = std::fs::read_to_string(&self.stat).ok()?;
+        let (u, s) = parse_user_system(&text)?;
+        Some(CpuTime {
+            user_s: u as f64 / USER_HZ,
+            system_s: s as f64 / USER_HZ,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -163,6 +236,29 @@ mod tests {
         assert!(parse_stat("intr 1 2 3").is_none());
         let line = "4242 (idem bench (x)) R 1 2 3 4 5 6 7 8 9 10 250 70 0 0 20 0";
         assert_eq!(parse_self_stat(line), Some(320));
+        assert_eq!(parse_user_system(line), Some((250, 70)));
+    }
+
+    #[test]
+    fn a_busy_thread_is_seen_on_its_own_clock() {
+        let tid = CpuClock::current_thread_id().expect("a Linux /proc");
+        let clock = CpuClock::thread(tid);
+        let before = clock.read().expect("the thread's stat");
+        let until = Instant::now() + std::time::Duration::from_millis(300);
+        let mut x = 0u64;
+        while Instant::now() < until {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        std::hint::black_box(x);
+        let spent = clock.read().unwrap().since(before);
+        // Ticks are 10 ms; a loop sharing a loaded machine still gets some of them.
+        assert!(spent.user_s + spent.system_s > 0.0, "{spent:?}");
+        // Another thread's clock does not move with this one's work.
+        let idle = std::thread::spawn(CpuClock::current_thread_id)
+            .join()
+            .unwrap()
+            .expect("a thread id");
+        assert_ne!(idle, tid);
     }
 
     #[test]

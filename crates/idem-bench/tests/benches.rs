@@ -140,7 +140,29 @@ async fn gateway_bench_smoke() {
             .as_ref()
             .expect("the gateway's rounds are metered");
         assert!(!sat.saturated.is_empty());
+        // Each target's CPU is read off its own servers' clocks: the proxy's (none for
+        // direct, nginx's process only when it ran) and the upstream's.
+        let cpu: Vec<&str> = s.cpu.iter().map(|c| c.target.as_str()).collect();
+        let targets: Vec<&str> = s.targets.iter().map(|t| t.target.as_str()).collect();
+        assert_eq!(cpu, targets);
+        for c in &s.cpu {
+            let metered = c.target != "direct";
+            assert_eq!(c.proxy_user_us.is_some(), metered, "{c:?}");
+            assert_eq!(c.proxy_system_us.is_some(), metered, "{c:?}");
+            assert!(c.upstream_us.is_some(), "{c:?}");
+        }
+        assert_eq!(s.gateway_vs_nginx_cpu.is_some(), report.nginx.available);
     }
+    // The gateway's thread did the proxying: its clock moved (10 ms ticks).
+    let gateway_us: f64 = report
+        .scenarios
+        .iter()
+        .flat_map(|s| &s.cpu)
+        .filter(|c| c.target == "gateway")
+        .map(|c| c.proxy_user_us.unwrap() + c.proxy_system_us.unwrap())
+        .sum();
+    assert!(gateway_us > 0.0, "{:?}", report.scenarios);
+    assert!(report.to_text().contains("cpu per request (us)"));
     let st = &report.storm;
     assert!(st.one_upstream_call, "{st:?}");
     assert_eq!(st.upstream_executions, 1);

@@ -451,13 +451,6 @@ impl ApiKeys {
         }
         out
     }
-
-    /// Removes the credential before forwarding, when configured to.
-    pub fn strip(&self, headers: &mut HeaderMap) {
-        if self.strip {
-            headers.remove(&self.header);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, FORWARDED, HOST};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, FORWARDED, HOST};
 use idem_core::wire::{TraceParent, TRACEPARENT};
 use idem_core::{Principal, TenantId};
 
@@ -83,31 +83,27 @@ impl Ctx {
     ) {
         // Forwarding headers are believed only from a configured proxy.
         let trusted = self.proxies.trusts(peer.ip);
-        // One scan first: requests rarely carry anything to remove.
-        let dirty = headers.keys().any(|n| {
-            crate::hop::is_hop_by_hop(n)
+        // One scan names what to remove, among the few fields present: hashing every
+        // name that might be there to remove it costs more.
+        let mut gone: Vec<HeaderName> = Vec::new();
+        let mut connection = false;
+        for n in headers.keys() {
+            connection |= *n == CONNECTION;
+            if crate::hop::is_hop_by_hop(n)
                 || *n == self.tenant_header
                 || *n == self.principal_header
                 || *n == GATEWAY_TOKEN
                 || self.auth.is_credential(n)
                 || (!trusted && is_forwarding(n))
-        });
-        if dirty {
-            crate::hop::strip_hop_by_hop(headers);
-            headers.remove(&self.tenant_header);
-            headers.remove(&self.principal_header);
-            headers.remove(GATEWAY_TOKEN);
-            self.auth.strip(headers);
-            if !trusted {
-                let forwarding: Vec<HeaderName> = headers
-                    .keys()
-                    .filter(|n| is_forwarding(n))
-                    .cloned()
-                    .collect();
-                for n in forwarding {
-                    headers.remove(n);
-                }
+            {
+                gone.push(n.clone());
             }
+        }
+        if connection {
+            gone.extend(crate::hop::connection_names(headers));
+        }
+        for n in gone {
+            headers.remove(n);
         }
         // Room for the fields set below at once: hyper sizes a parsed map to fit.
         headers.reserve(6);
