@@ -224,3 +224,79 @@ async fn redis_unreachable_at_start_gateway_still_forwards() {
     assert_eq!(gw.metrics().degraded_requests(), 3);
     gw.stop().await.unwrap();
 }
+
+/// A flight whose caller hung up finishes in a task of its own; when it forwards only
+/// after that (it waited on another instance's attempt, which ended retryable), the
+/// upstream still gets the arrival's request id, captured when the request came in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flight_forwarding_after_its_caller_hung_up_sends_the_arrival_request_id() {
+    let Some(redis) = RedisPrefix::new().await else {
+        return;
+    };
+    // Instance A's upstream accepts connections and never answers.
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole_addr = hole.local_addr().unwrap();
+    let (reached, mut reached_rx) = tokio::sync::mpsc::unbounded_channel();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((s, _)) = hole.accept().await {
+            conns.push(s);
+            let _ = reached.send(());
+        }
+    });
+    let up = stub().await;
+    let mut a_cfg = config(&format!("http://{hole_addr}"));
+    redis.apply(&mut a_cfg);
+    a_cfg.upstream_timeout_ms = 1_500;
+    a_cfg.state_query.timeout_ms = 200;
+    let mut b_cfg = config(&up.url());
+    redis.apply(&mut b_cfg);
+    let a = idem_gateway::start(a_cfg).await.unwrap();
+    let b = idem_gateway::start(b_cfg).await.unwrap();
+    let key = fresh("detached-id");
+    let echo = |c: &reqwest::Client, base: &str| {
+        c.post(format!("{base}/v1/echo"))
+            .header("x-api-key", T1_KEY)
+            .header("content-type", "application/json")
+            .header("idempotency-key", key.as_str())
+            .body(r#"{"show":"S-9"}"#)
+    };
+    let c = client();
+    // A claims the key and waits on its silent upstream.
+    let first = tokio::spawn(echo(&c, &a.url()).send());
+    tokio::time::timeout(Duration::from_secs(5), reached_rx.recv())
+        .await
+        .expect("A forwards once it holds the key");
+    // B's caller finds the key in progress on A, waits, and hangs up.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert!(echo(&impatient, &b.url()).send().await.is_err(), "hung up");
+    // A's attempt ends unknown (no answer, no state): the key opens again, and B's
+    // flight, now on its own, claims it and forwards to the stub.
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 504);
+    // A retry on B joins that flight or replays its stored answer: what the stub saw.
+    // (On A it could claim the key first and meet the silent upstream again.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let r = echo(&c, &b.url()).send().await.unwrap();
+        if r.status() == 200 {
+            assert!(r.headers().contains_key("idempotent-replayed"));
+            let v: serde_json::Value = r.json().await.unwrap();
+            break v;
+        }
+        assert!(Instant::now() < deadline, "B's flight never finished");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let id = seen["headers"]["x-request-id"].as_str().unwrap_or_default();
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "the upstream saw request id {id:?}: {seen}"
+    );
+    assert!(seen["headers"].get("traceparent").is_some(), "{seen}");
+    held.abort();
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
