@@ -116,6 +116,22 @@ pub struct CallgrindOptions {
     pub out_dir: Option<PathBuf>,
     /// Functions listed by inclusive cost.
     pub top: usize,
+    /// Also simulate the caches (`--cache-sim=yes`): misses per request besides
+    /// instructions. A request's CPU time follows its cache misses as well as its
+    /// instructions (a large code path misses the instruction cache on every request).
+    pub cache_sim: bool,
+}
+
+/// Simulated cache misses per request (valgrind's model of the first-level caches and
+/// the last level), the idle run's subtracted.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct CacheMisses {
+    /// First-level instruction cache misses (`I1mr`).
+    pub i1: f64,
+    /// First-level data cache misses, reads and writes (`D1mr` + `D1mw`).
+    pub d1: f64,
+    /// Last-level misses, instructions and data (`ILmr` + `DLmr` + `DLmw`).
+    pub ll: f64,
 }
 
 /// The result of [`measure`].
@@ -133,6 +149,8 @@ pub struct CallgrindReport {
     pub loaded_instructions: u64,
     /// (loaded − idle) / requests.
     pub instructions_per_request: f64,
+    /// With `cache_sim`: cache misses per request.
+    pub cache_misses_per_request: Option<CacheMisses>,
     /// The loaded run's callgrind file (when kept).
     pub out_file: Option<String>,
     /// `callgrind_annotate --inclusive=yes` of the loaded run: the costliest functions.
@@ -157,6 +175,12 @@ impl CallgrindReport {
             self.loaded_instructions,
             self.instructions_per_request,
         );
+        if let Some(m) = &self.cache_misses_per_request {
+            s.push_str(&format!(
+                "cache misses per request (simulated): I1 {:.0}, D1 {:.0}, LL {:.0}\n",
+                m.i1, m.d1, m.ll
+            ));
+        }
         if let Some(f) = &self.out_file {
             s.push_str(&format!("callgrind file: {f}\n"));
         }
@@ -219,6 +243,19 @@ pub async fn measure(options: CallgrindOptions) -> Result<CallgrindReport, Bench
         }
     }
     let (idle, loaded) = measured?;
+    let per_request = |event: &[&str]| {
+        let sum = |t: &Totals| event.iter().map(|e| t.event(e).unwrap_or(0)).sum::<u64>();
+        sum(&loaded).saturating_sub(sum(&idle)) as f64 / requests as f64
+    };
+    let cache_misses_per_request = options.cache_sim.then(|| CacheMisses {
+        i1: per_request(&["I1mr"]),
+        d1: per_request(&["D1mr", "D1mw"]),
+        ll: per_request(&["ILmr", "DLmr", "DLmw"]),
+    });
+    let (idle, loaded) = (
+        idle.event("Ir").unwrap_or(0),
+        loaded.event("Ir").unwrap_or(0),
+    );
     let top_inclusive = annotate(&loaded_file, options.top).await;
     Ok(CallgrindReport {
         target: options.target,
@@ -234,6 +271,7 @@ pub async fn measure(options: CallgrindOptions) -> Result<CallgrindReport, Bench
         idle_instructions: idle,
         loaded_instructions: loaded,
         instructions_per_request: loaded.saturating_sub(idle) as f64 / requests as f64,
+        cache_misses_per_request,
         out_file: options
             .out_dir
             .as_ref()
@@ -252,18 +290,21 @@ struct Child<'a> {
 
 impl Child<'_> {
     /// One run under callgrind: start, seed, `requests` requests, stop. Returns the
-    /// instructions callgrind counted.
+    /// events callgrind counted.
     async fn run(
         &self,
         out: &Path,
         requests: usize,
         connections: usize,
         run: &str,
-    ) -> Result<u64, BenchError> {
+    ) -> Result<Totals, BenchError> {
         let o = self.options;
         let mut cmd = tokio::process::Command::new(&self.valgrind);
-        cmd.arg("--tool=callgrind")
-            .arg(format!("--callgrind-out-file={}", out.display()))
+        cmd.arg("--tool=callgrind");
+        if o.cache_sim {
+            cmd.arg("--cache-sim=yes");
+        }
+        cmd.arg(format!("--callgrind-out-file={}", out.display()))
             .arg(&o.exe)
             .args(["bench", "callgrind-serve", "--target", o.target.slug()])
             .arg("--upstream")
@@ -478,13 +519,35 @@ async fn layer_store(
     }
 }
 
-/// callgrind's event total: the `totals:` line (or `summary:`) of its output file.
-fn totals(out: &str) -> Option<u64> {
+/// callgrind's event totals, by event name (`Ir`, and with the cache simulation `I1mr`,
+/// `D1mr`, …).
+#[derive(Debug, Clone, PartialEq)]
+struct Totals(Vec<(String, u64)>);
+
+impl Totals {
+    fn event(&self, name: &str) -> Option<u64> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+}
+
+/// The `events:` line names the columns of the `totals:` line (or `summary:`) of
+/// callgrind's output file; both are needed, and `Ir` must be among them.
+fn totals(out: &str) -> Option<Totals> {
+    let names = out.lines().find_map(|l| l.strip_prefix("events:"))?;
     let line = out
         .lines()
-        .find(|l| l.starts_with("totals:"))
-        .or_else(|| out.lines().find(|l| l.starts_with("summary:")))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+        .find_map(|l| l.strip_prefix("totals:"))
+        .or_else(|| out.lines().find_map(|l| l.strip_prefix("summary:")))?;
+    let values: Vec<u64> = line
+        .split_whitespace()
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    let names: Vec<&str> = names.split_whitespace().collect();
+    if names.len() != values.len() {
+        return None;
+    }
+    let totals = Totals(names.into_iter().map(str::to_string).zip(values).collect());
+    totals.event("Ir").map(|_| totals)
 }
 
 /// The costliest functions by inclusive instructions, as `callgrind_annotate` lists them.
@@ -530,9 +593,21 @@ mod tests {
 
     #[test]
     fn totals_are_read_from_callgrind_output() {
+        let ir = |out: &str| totals(out).and_then(|t| t.event("Ir"));
         let out = "version: 1\ncmd: idem\nevents: Ir\nfn=(1) main\n1 5\nsummary: 123456\ntotals: 123456\n";
-        assert_eq!(totals(out), Some(123456));
-        assert_eq!(totals("events: Ir\nsummary: 42\n"), Some(42));
-        assert_eq!(totals("events: Ir\n"), None);
+        assert_eq!(ir(out), Some(123456));
+        assert_eq!(ir("events: Ir\nsummary: 42\n"), Some(42));
+        assert_eq!(ir("events: Ir\n"), None);
+        // With the cache simulation every event has its column.
+        let out =
+            "events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\nsummary: 100 40 30 9 8 7 3 2 1\n";
+        let t = totals(out).unwrap();
+        assert_eq!(t.event("Ir"), Some(100));
+        assert_eq!(t.event("I1mr"), Some(9));
+        assert_eq!(t.event("DLmw"), Some(1));
+        assert_eq!(t.event("Bc"), None);
+        // Columns that do not match their names are not guessed at.
+        assert!(totals("events: Ir I1mr\nsummary: 100\n").is_none());
+        assert!(totals("events: I1mr\nsummary: 100\n").is_none());
     }
 }

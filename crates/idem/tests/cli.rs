@@ -694,3 +694,60 @@ fn serve_keeps_running_when_nobody_reads_its_stdout() {
     assert!(healthy && still_running, "server stopped: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `bench callgrind` counts a request's instructions and, with `--cache-sim`, its cache
+/// misses: a keyed request through the gateway costs more of both than one it passes
+/// through.
+#[test]
+fn bench_callgrind_counts_instructions_and_cache_misses() {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("valgrind").is_file()));
+    if !on_path {
+        eprintln!(
+            "SKIP bench_callgrind_counts_instructions_and_cache_misses: valgrind not on PATH"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let run = |workload: &str| {
+        let out = idem(
+            &url,
+            &[
+                "bench",
+                "callgrind",
+                "--workload",
+                workload,
+                "--requests",
+                "20",
+                "--connections",
+                "1",
+                "--cache-sim",
+                "--top",
+                "0",
+                "--json",
+            ],
+        );
+        let report = json(&out);
+        assert!(out.status.success(), "{report}");
+        report
+    };
+    let pass = run("pass");
+    let fresh = run("fresh");
+    for r in [&pass, &fresh] {
+        let misses = &r["cache_misses_per_request"];
+        assert!(misses["i1"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(misses["d1"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(misses["ll"].as_f64().unwrap() >= 0.0, "{r}");
+    }
+    let per = |r: &serde_json::Value, f: &str| r[f].as_f64().unwrap();
+    assert!(
+        per(&fresh, "instructions_per_request") > per(&pass, "instructions_per_request"),
+        "{fresh} {pass}"
+    );
+    assert!(
+        fresh["cache_misses_per_request"]["i1"].as_f64()
+            > pass["cache_misses_per_request"]["i1"].as_f64(),
+        "{fresh} {pass}"
+    );
+}

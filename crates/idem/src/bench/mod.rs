@@ -52,6 +52,10 @@ enum BenchCommand {
         /// Functions to list by inclusive cost.
         #[arg(long, default_value_t = 25)]
         top: usize,
+        /// Also simulate the caches and report first-level and last-level misses per
+        /// request (slower).
+        #[arg(long)]
+        cache_sim: bool,
         /// Print the result as JSON (a failure as an `error` object).
         #[arg(long)]
         json: bool,
@@ -216,6 +220,7 @@ pub async fn run(url: &str, explicit_url: Option<String>, args: BenchArgs) -> Cl
             redis_url,
             out_dir,
             top,
+            cache_sim,
             json,
         } => {
             use idem_bench::callgrind::{CallgrindOptions, Target, Workload};
@@ -230,6 +235,7 @@ pub async fn run(url: &str, explicit_url: Option<String>, args: BenchArgs) -> Cl
                 exe,
                 out_dir,
                 top,
+                cache_sim,
             })
             .await
             .map_err(backend)?;
