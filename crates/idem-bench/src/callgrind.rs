@@ -531,7 +531,8 @@ impl Totals {
 }
 
 /// The `events:` line names the columns of the `totals:` line (or `summary:`) of
-/// callgrind's output file; both are needed, and `Ir` must be among them.
+/// callgrind's output file; both are needed, and `Ir` must be among them. Trailing
+/// columns left out are zero (callgrind writes no trailing zero counts).
 fn totals(out: &str) -> Option<Totals> {
     let names = out.lines().find_map(|l| l.strip_prefix("events:"))?;
     let line = out
@@ -543,10 +544,16 @@ fn totals(out: &str) -> Option<Totals> {
         .map(|v| v.parse().ok())
         .collect::<Option<_>>()?;
     let names: Vec<&str> = names.split_whitespace().collect();
-    if names.len() != values.len() {
+    if values.is_empty() || values.len() > names.len() {
         return None;
     }
-    let totals = Totals(names.into_iter().map(str::to_string).zip(values).collect());
+    let totals = Totals(
+        names
+            .into_iter()
+            .map(str::to_string)
+            .zip(values.into_iter().chain(std::iter::repeat(0)))
+            .collect(),
+    );
     totals.event("Ir").map(|_| totals)
 }
 
@@ -606,8 +613,15 @@ mod tests {
         assert_eq!(t.event("I1mr"), Some(9));
         assert_eq!(t.event("DLmw"), Some(1));
         assert_eq!(t.event("Bc"), None);
-        // Columns that do not match their names are not guessed at.
-        assert!(totals("events: Ir I1mr\nsummary: 100\n").is_none());
+        // Trailing zero counts are left out of the line; more values than names, or
+        // none, or no `Ir` among the names, are refused.
+        let t = totals("events: Ir I1mr D1mr\nsummary: 100\n").unwrap();
+        assert_eq!(
+            (t.event("Ir"), t.event("I1mr"), t.event("D1mr")),
+            (Some(100), Some(0), Some(0))
+        );
+        assert!(totals("events: Ir\nsummary: 100 5\n").is_none());
+        assert!(totals("events: Ir\nsummary:\n").is_none());
         assert!(totals("events: I1mr\nsummary: 100\n").is_none());
     }
 }

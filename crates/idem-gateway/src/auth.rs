@@ -409,7 +409,8 @@ impl ApiKeys {
         }
     }
 
-    /// Whether `name` is the credential header that [`ApiKeys::strip`] removes.
+    /// Whether `name` is the credential header the gateway removes before forwarding
+    /// (when configured to strip it).
     pub fn is_credential(&self, name: &HeaderName) -> bool {
         self.strip && *name == self.header
     }

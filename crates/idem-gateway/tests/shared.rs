@@ -290,6 +290,8 @@ async fn a_flight_forwarding_after_its_caller_hung_up_sends_the_arrival_request_
         assert!(Instant::now() < deadline, "B's flight never finished");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    // Without the id captured at arrival the detached task has none to send: reading the
+    // task-local at send time left the upstream without `X-Request-Id` here.
     let id = seen["headers"]["x-request-id"].as_str().unwrap_or_default();
     assert!(
         id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
