@@ -252,6 +252,7 @@ pub async fn measure(options: CallgrindOptions) -> Result<CallgrindReport, Bench
         d1: per_request(&["D1mr", "D1mw"]),
         ll: per_request(&["ILmr", "DLmr", "DLmw"]),
     });
+    let instructions_per_request = per_request(&["Ir"]);
     let (idle, loaded) = (
         idle.event("Ir").unwrap_or(0),
         loaded.event("Ir").unwrap_or(0),
@@ -270,7 +271,7 @@ pub async fn measure(options: CallgrindOptions) -> Result<CallgrindReport, Bench
         connections,
         idle_instructions: idle,
         loaded_instructions: loaded,
-        instructions_per_request: loaded.saturating_sub(idle) as f64 / requests as f64,
+        instructions_per_request,
         cache_misses_per_request,
         out_file: options
             .out_dir

@@ -288,7 +288,7 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
     let phase = Duration::from_millis(options.phase_ms.max(100));
     let concurrency = options.concurrency.max(1);
 
-    let (upstream, _upstream_rt) = background("idem-bench-upstream", || async {
+    let (upstream, upstream_rt) = background("idem-bench-upstream", || async {
         let stub = Stub::start(TENANT_HEADER)
             .await
             .map_err(|e| BenchError::Setup(format!("upstream: {e}")))?;
@@ -305,7 +305,7 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
         "memory"
     }
     .to_string();
-    let (gateway, _gateway_rt) = background("idem-bench-gateway", move || async move {
+    let (gateway, gateway_rt) = background("idem-bench-gateway", move || async move {
         let gw = idem_gateway::start(config).await?;
         Ok(((gw.addr, gw.shared_metrics()), gw))
     })
@@ -344,16 +344,19 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
         ),
     };
 
-    let mut targets: Vec<(&str, SocketAddr)> = vec![("direct", upstream_addr)];
-    // Whose CPU each target costs besides the upstream's: none for direct.
-    let mut proxies: Vec<Option<CpuClock>> = vec![None];
+    // Each target with the clock of whose CPU it costs besides the upstream's: none for
+    // direct.
+    let mut targets: Vec<(&str, SocketAddr, Option<CpuClock>)> =
+        vec![("direct", upstream_addr, None)];
     if let Some(n) = &nginx {
-        targets.push(("nginx", n.addr));
-        proxies.push(n.pid().map(CpuClock::process));
+        targets.push(("nginx", n.addr, n.pid().map(CpuClock::process)));
     }
-    targets.push(("gateway", gateway_addr));
-    proxies.push(_gateway_rt.tid.map(CpuClock::thread));
-    let upstream_clock = _upstream_rt.tid.map(CpuClock::thread);
+    targets.push((
+        "gateway",
+        gateway_addr,
+        gateway_rt.tid.map(CpuClock::thread),
+    ));
+    let upstream_clock = upstream_rt.tid.map(CpuClock::thread);
 
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let mut scenarios = Vec::new();
@@ -369,7 +372,7 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
         if let ScenarioKind::HotReplay = scenario {
             // Each hot key's first request executes before the phases: what follows is
             // replays (at the gateway) or the upstream's own answers (direct, nginx).
-            for (name, addr) in &targets {
+            for (name, addr, _) in &targets {
                 let mut conn = connect(*addr)
                     .await
                     .ok_or_else(|| BenchError::Setup(format!("{name}: cannot connect")))?;
@@ -391,23 +394,22 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
         // Per target: the proxy's and the upstream's CPU time, summed over the rounds.
         let mut spent: Vec<(Option<CpuTime>, Option<CpuTime>)> = targets
             .iter()
-            .zip(&proxies)
-            .map(|(_, p)| {
+            .map(|(_, _, proxy)| {
                 (
-                    p.as_ref().map(|_| CpuTime::default()),
+                    proxy.as_ref().map(|_| CpuTime::default()),
                     upstream_clock.as_ref().map(|_| CpuTime::default()),
                 )
             })
             .collect();
         let mut gateway_saturation = None;
         for round in 0..options.rounds.max(1) {
-            for (i, (name, addr)) in targets.iter().enumerate() {
+            for (i, (name, addr, proxy_clock)) in targets.iter().enumerate() {
                 let prefix = match scenario {
                     ScenarioKind::HotReplay => format!("{run_id}-hot-{name}"),
                     _ => format!("{run_id}-{}-{name}-{round}", scenario.slug()),
                 };
                 let meter = Meter::start();
-                let proxy_before = proxies[i].as_ref().and_then(CpuClock::read);
+                let proxy_before = proxy_clock.as_ref().and_then(CpuClock::read);
                 let upstream_before = upstream_clock.as_ref().and_then(CpuClock::read);
                 let addr = *addr;
                 let l = drive(addr, concurrency, phase, move |c, seq| {
@@ -428,7 +430,7 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
                 };
                 let (proxy, upstream) = &mut spent[i];
                 *proxy = proxy
-                    .zip(after(&proxies[i], proxy_before))
+                    .zip(after(proxy_clock, proxy_before))
                     .map(|(a, b)| a + b);
                 *upstream = upstream
                     .zip(after(&upstream_clock, upstream_before))
@@ -439,7 +441,7 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
         let results: Vec<TargetResult> = targets
             .iter()
             .zip(loads.iter_mut())
-            .map(|((name, _), l)| l.result(name))
+            .map(|((name, _, _), l)| l.result(name))
             .collect();
         let rps = |t: &str| results.iter().find(|r| r.target == t).map(|r| r.rps);
         let gw = rps("gateway").unwrap_or(0.0);

@@ -3,8 +3,9 @@
 //! server under test), sampled at the start and the end of a measurement.
 //!
 //! Owns reading `/proc/stat`, `/proc/self/stat` and one process's or thread's CPU time
-//! ([`CpuClock`]), and the verdict drawn from them. It must not change how a bench runs. Where the counters are not readable (not Linux) the
-//! verdict says so instead of guessing.
+//! ([`CpuClock`]), and the verdict drawn from them. It must not change how a bench runs.
+//! Where the counters are not readable (not Linux) the verdict says so instead of
+//! guessing.
 
 use std::time::Instant;
 

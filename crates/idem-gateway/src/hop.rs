@@ -20,16 +20,18 @@ pub fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = HeaderName>
 
 /// Strips hop-by-hop fields from `headers` in place.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_hop_by_hop_and(headers, |_| false);
+}
+
+/// Strips hop-by-hop fields and every field `also` picks from `headers` in place.
+pub fn strip_hop_by_hop_and(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) {
     // One pass over the few fields present finds what to remove: most messages carry
-    // none, and hashing each of the nine names to remove it costs more than the scan.
+    // none, and hashing each name that might be there to remove it costs more.
     let mut gone: Vec<HeaderName> = headers
         .keys()
-        .filter(|n| is_hop_by_hop(n))
+        .filter(|n| is_hop_by_hop(n) || also(n))
         .cloned()
         .collect();
-    if gone.is_empty() {
-        return;
-    }
     if gone.contains(&CONNECTION) {
         gone.extend(connection_names(headers));
     }

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, FORWARDED, HOST};
+use http::header::{HeaderMap, HeaderName, HeaderValue, FORWARDED, HOST};
 use idem_core::wire::{TraceParent, TRACEPARENT};
 use idem_core::{Principal, TenantId};
 
@@ -83,28 +83,13 @@ impl Ctx {
     ) {
         // Forwarding headers are believed only from a configured proxy.
         let trusted = self.proxies.trusts(peer.ip);
-        // One scan names what to remove, among the few fields present: hashing every
-        // name that might be there to remove it costs more.
-        let mut gone: Vec<HeaderName> = Vec::new();
-        let mut connection = false;
-        for n in headers.keys() {
-            connection |= *n == CONNECTION;
-            if crate::hop::is_hop_by_hop(n)
-                || *n == self.tenant_header
+        crate::hop::strip_hop_by_hop_and(headers, |n| {
+            *n == self.tenant_header
                 || *n == self.principal_header
                 || *n == GATEWAY_TOKEN
                 || self.auth.is_credential(n)
                 || (!trusted && is_forwarding(n))
-            {
-                gone.push(n.clone());
-            }
-        }
-        if connection {
-            gone.extend(crate::hop::connection_names(headers));
-        }
-        for n in gone {
-            headers.remove(n);
-        }
+        });
         // Room for the fields set below at once: hyper sizes a parsed map to fit.
         headers.reserve(6);
         // The upstream gets its own authority as Host (set when it is chosen); the
