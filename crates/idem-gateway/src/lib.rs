@@ -119,6 +119,7 @@ pub mod error;
 mod flights;
 mod forward;
 pub mod forwarded;
+mod h1;
 pub mod hop;
 mod keyed;
 mod lazy;

@@ -1,11 +1,13 @@
 //! Keep-alive HTTP/1.1 connections to the one upstream.
 //!
-//! The gateway talks to a single origin, so a pool is a stack of idle senders: checkout
-//! pops the most recently used live one (or connects), check-in happens when the response
+//! The gateway talks to a single origin, so a pool is two stacks of idle connections:
+//! hyper's senders for streamed exchanges (the pass-through, state queries) and plain
+//! connections for the keyed exchange's buffered client ([`crate::h1`]). Checkout pops
+//! the most recently used live one (or connects), check-in happens when the response
 //! body has been read to its end (a streamed body checks its connection in itself, see
-//! [`PooledBody`]). A connection's driver is a task spawned once per connection, not per
-//! request. A request that a closing connection hands back unsent is retried on another
-//! connection; one that may have been sent is never retried here.
+//! [`PooledBody`]). A hyper connection's driver is a task spawned once per connection,
+//! not per request. A request that a closing connection hands back unsent is retried on
+//! another connection; one that may have been sent is never retried here.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -25,6 +27,7 @@ use rustls_pki_types::ServerName;
 
 use crate::body::{Body, BoxError};
 use crate::error::GatewayError;
+use crate::h1::{Conn, Stream};
 
 /// How a send failed.
 #[derive(Debug)]
@@ -42,6 +45,8 @@ pub struct Pool {
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     connect_timeout: Duration,
     idle: Mutex<Vec<SendRequest<Body>>>,
+    /// Idle connections of the keyed exchange's client.
+    conns: Mutex<Vec<Conn>>,
     max_idle: usize,
 }
 
@@ -72,6 +77,7 @@ impl Pool {
             tls,
             connect_timeout,
             idle: Mutex::new(Vec::new()),
+            conns: Mutex::new(Vec::new()),
             max_idle,
         })
     }
@@ -101,7 +107,36 @@ impl Pool {
         }
     }
 
+    /// An idle connection for a buffered exchange, the most recently used open one.
+    pub fn checkout_conn(&self) -> Option<Conn> {
+        loop {
+            let mut conn = self.conns.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            if conn.is_idle_open() {
+                return Some(conn);
+            }
+        }
+    }
+
+    /// Returns a connection whose last exchange ended cleanly.
+    pub fn checkin_conn(&self, conn: Conn) {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        if conns.len() < self.max_idle {
+            conns.push(conn);
+        }
+    }
+
+    /// A new connection for a buffered exchange.
+    pub async fn connect_conn(&self) -> Result<Conn, String> {
+        self.connect_stream().await.map(Conn::new)
+    }
+
     async fn connect(&self) -> Result<SendRequest<Body>, String> {
+        let stream = self.connect_stream().await?;
+        self.handshake(&self.addr, stream).await
+    }
+
+    /// A TCP connection, with TLS for an `https://` upstream.
+    async fn connect_stream(&self) -> Result<Stream, String> {
         let addr = self.addr.as_str();
         let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
             .await
@@ -114,7 +149,7 @@ impl Pool {
             .map_err(|e| format!("connecting to {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
         match &self.tls {
-            None => self.handshake(addr, stream).await,
+            None => Ok(Stream::Tcp(stream)),
             Some((connector, name)) => {
                 // The TLS handshake shares the connect bound.
                 let stream = tokio::time::timeout(
@@ -127,15 +162,12 @@ impl Pool {
                     let why = idem_net::tls::describe_failure(&e).unwrap_or_else(|| e.to_string());
                     format!("connecting to {addr}: {why}")
                 })?;
-                self.handshake(addr, stream).await
+                Ok(Stream::Tls(Box::new(stream)))
             }
         }
     }
 
-    async fn handshake<S>(&self, addr: &str, stream: S) -> Result<SendRequest<Body>, String>
-    where
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
+    async fn handshake(&self, addr: &str, stream: Stream) -> Result<SendRequest<Body>, String> {
         // Small messages: one flattened write beats a vectored one.
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .writev(false)

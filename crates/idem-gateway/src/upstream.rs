@@ -17,8 +17,9 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use serde_json::Value;
 
-use crate::body::{empty, full, read_limited, Body, ReadError};
+use crate::body::{empty, full, read_limited, Body};
 use crate::error::GatewayError;
+use crate::h1::{Failed, Head};
 use crate::hop::{is_hop_by_hop, strip_hop_by_hop};
 use crate::pool::{Pool, PooledBody, SendError};
 
@@ -260,7 +261,9 @@ impl Upstream {
         }
     }
 
-    /// Sends a buffered request and buffers the response, all within the timeout.
+    /// Sends a buffered request and buffers the response, all within the timeout, on
+    /// the buffered client's own connections ([`crate::h1`]): no connection task, no
+    /// copy of the headers.
     pub async fn exchange(
         &self,
         method: &Method,
@@ -268,37 +271,37 @@ impl Upstream {
         headers: &HeaderMap,
         body: Bytes,
     ) -> Exchange {
-        let mut req = Request::new(if body.is_empty() { empty() } else { full(body) });
-        *req.method_mut() = method.clone();
-        *req.uri_mut() = self.base.uri(path_and_query);
-        *req.headers_mut() = headers.clone();
-        req.headers_mut().insert(HOST, self.host.clone());
+        let head = Head {
+            method,
+            prefix: &self.base.prefix,
+            path_and_query,
+            host: &self.host,
+        };
         // One timer covers the head and the body.
         let run = async {
-            let (resp, sender) = match self.pool.send(req).await {
-                Err(SendError::NotSent(e)) => return Exchange::NotSent(e),
-                Err(SendError::Failed(e)) => return Exchange::Uncertain(error_chain(&e)),
-                Ok(x) => x,
+            let mut conn = match self.pool.checkout_conn() {
+                Some(conn) => conn,
+                // Boxed: connecting is a large state machine that only a request without
+                // an idle connection needs.
+                None => match Box::pin(self.pool.connect_conn()).await {
+                    Ok(conn) => conn,
+                    Err(e) => return Exchange::NotSent(e),
+                },
             };
-            let (mut parts, incoming) = resp.into_parts();
-            match read_limited(incoming, self.max_response_bytes, Duration::MAX).await {
-                Ok(body) => {
-                    self.pool.checkin(sender);
-                    strip_hop_by_hop(&mut parts.headers);
-                    Exchange::Complete(Captured {
-                        status: parts.status,
-                        headers: parts.headers,
-                        body,
-                    })
+            match conn
+                .exchange(&head, headers, &body, self.max_response_bytes)
+                .await
+            {
+                Ok((captured, reusable)) => {
+                    if reusable {
+                        self.pool.checkin_conn(conn);
+                    }
+                    Exchange::Complete(captured)
                 }
-                Err(ReadError::TooLarge { .. }) => Exchange::TooLarge,
-                Err(ReadError::TimedOut) => Exchange::Uncertain("response body timed out".into()),
-                Err(ReadError::Broken(e)) => {
-                    Exchange::Uncertain(format!("response body broke: {e}"))
-                }
+                Err(Failed::TooLarge) => Exchange::TooLarge,
+                Err(Failed::Broken(why)) => Exchange::Uncertain(why),
             }
         };
-        // Head and body together within the timeout.
         match tokio::time::timeout(self.timeout, run).await {
             Ok(x) => x,
             Err(_) => Exchange::Uncertain(format!(
@@ -556,6 +559,46 @@ mod tests {
             "{}",
             std::mem::size_of_val(&state)
         );
+    }
+
+    /// Keyed exchanges reuse a kept connection: the server here accepts one.
+    #[tokio::test]
+    async fn keyed_exchanges_share_a_kept_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            for i in 0..3 {
+                let mut got = Vec::new();
+                while !got.ends_with(b"\r\n\r\nab") {
+                    let mut b = [0u8; 512];
+                    let n = s.read(&mut b).await.unwrap();
+                    assert!(n > 0, "the client closed before request {i}");
+                    got.extend_from_slice(&b[..n]);
+                }
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n{i}");
+                s.write_all(answer.as_bytes()).await.unwrap();
+            }
+        });
+        let base = UpstreamBase::parse(&format!("http://{addr}")).unwrap();
+        let one_s = Duration::from_secs(1);
+        let up = Upstream::new(base, None, one_s, one_s, 1024).unwrap();
+        for i in 0..3 {
+            let got = up
+                .exchange(
+                    &Method::POST,
+                    "/v1",
+                    &HeaderMap::new(),
+                    Bytes::from_static(b"ab"),
+                )
+                .await;
+            match got {
+                Exchange::Complete(c) => assert_eq!(c.body, i.to_string()),
+                other => panic!("exchange {i}: {other:?}"),
+            }
+        }
+        server.await.unwrap();
     }
 
     #[test]

@@ -52,6 +52,16 @@ async fn https_in_front_of_an_https_upstream() {
     assert_eq!(again.status(), 201);
     assert_eq!(again.text().await.unwrap(), first_body, "replayed over TLS");
     assert_eq!(upstream.state.executions("tls-k1"), 1);
+    // Later keys go out on the kept TLS connection (its session tickets read while it
+    // waited idle must not count as the upstream closing it).
+    for key in ["tls-k2", "tls-k3"] {
+        let r = order(&client, &base, key, r#"{"sku":"b"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{key}");
+        assert_eq!(upstream.state.executions(key), 1);
+    }
 
     // Plain HTTP to the TLS listener gets no HTTP answer.
     let plain = common::client()

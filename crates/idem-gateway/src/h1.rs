@@ -1,0 +1,704 @@
+//! The keyed exchange's HTTP/1.1 client: one buffered request written and one buffered
+//! response read on a kept-alive connection, in the calling task.
+//!
+//! A keyed request is buffered before it is forwarded and its answer is buffered before
+//! anyone hears it, so it needs no connection task, request channel or body stream: the
+//! head and body go out in one write from the readied headers (no copy of the map), and
+//! the response is parsed where it lands (its header values and body share the read
+//! buffer).
+//!
+//! Owns request framing, response framing (RFC 9112 §6.3: no body for HEAD, 1xx, 204 and
+//! 304; chunked; Content-Length; else until close) and whether a connection can be used
+//! again. It must not stream and must not retry: any failure after the first byte was
+//! written is the caller's uncertain result.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH};
+use http::{Method, StatusCode};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::hop::strip_hop_by_hop;
+use crate::upstream::Captured;
+
+/// The most a response head (status line, headers) may take.
+const MAX_HEAD: usize = 64 * 1024;
+/// The most header fields a response may carry.
+const MAX_HEADERS: usize = 128;
+/// Bodies up to this size are copied behind the head and written once.
+const ONE_WRITE: usize = 16 * 1024;
+/// What one read asks the socket for.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// A connection to the upstream, plain or TLS.
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// What a request carries besides its headers.
+pub(crate) struct Head<'a> {
+    pub method: &'a Method,
+    /// The upstream's path prefix (`""` or `/api`), put before `path_and_query`.
+    pub prefix: &'a str,
+    pub path_and_query: &'a str,
+    pub host: &'a HeaderValue,
+}
+
+/// Why an exchange has no complete response.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Failed {
+    /// The response is larger than the limit; the upstream did answer.
+    TooLarge,
+    /// The connection broke or the response could not be read: the request may have
+    /// taken effect.
+    Broken(String),
+}
+
+/// A kept-alive connection and what it has read past the last response.
+pub(crate) struct Conn {
+    stream: Stream,
+    buf: BytesMut,
+}
+
+/// How a response body is delimited.
+enum Framing {
+    None,
+    Length(usize),
+    Chunked,
+    UntilClose,
+}
+
+impl Conn {
+    pub fn new(stream: Stream) -> Self {
+        Self {
+            stream,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Whether an idle connection can carry a request: the peer has neither closed it
+    /// nor sent anything unasked. Checked without waiting.
+    pub fn is_idle_open(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut byte = [0u8; 1];
+        let mut read = ReadBuf::new(&mut byte);
+        // Pending: nothing to read, still open. TLS records with no data (a session
+        // ticket) are taken in and also leave it pending.
+        matches!(
+            Pin::new(&mut self.stream).poll_read(&mut cx, &mut read),
+            Poll::Pending
+        )
+    }
+
+    /// Sends the request and reads its response, bodies up to `max_body` bytes. Returns
+    /// the response (hop-by-hop fields removed) and whether the connection can be used
+    /// again.
+    pub async fn exchange(
+        &mut self,
+        head: &Head<'_>,
+        headers: &HeaderMap,
+        body: &Bytes,
+        max_body: usize,
+    ) -> Result<(Captured, bool), Failed> {
+        self.write_request(head, headers, body).await?;
+        self.read_response(*head.method == Method::HEAD, max_body)
+            .await
+    }
+
+    async fn write_request(
+        &mut self,
+        head: &Head<'_>,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<(), Failed> {
+        let mut out = Vec::with_capacity(256 + headers.len() * 48 + body.len().min(ONE_WRITE));
+        encode_head(&mut out, head, headers, body.len());
+        let one = body.len() <= ONE_WRITE;
+        if one {
+            out.extend_from_slice(body);
+        }
+        let broken = |e: std::io::Error| Failed::Broken(format!("writing the request: {e}"));
+        self.stream.write_all(&out).await.map_err(broken)?;
+        if !one {
+            self.stream.write_all(body).await.map_err(broken)?;
+        }
+        Ok(())
+    }
+
+    /// Reads more into the buffer; `Ok(false)` at the end of the stream.
+    async fn fill(&mut self) -> Result<bool, Failed> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 2 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        match self.stream.read_buf(&mut self.buf).await {
+            Ok(0) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(e) => Err(Failed::Broken(format!("reading the response: {e}"))),
+        }
+    }
+
+    /// Reads until at least `n` bytes are buffered.
+    async fn fill_to(&mut self, n: usize) -> Result<(), Failed> {
+        if self.buf.capacity() < n {
+            self.buf.reserve(n - self.buf.len());
+        }
+        while self.buf.len() < n {
+            if !self.fill().await? {
+                return Err(broken("the connection closed inside the response body"));
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_response(
+        &mut self,
+        head_request: bool,
+        max_body: usize,
+    ) -> Result<(Captured, bool), Failed> {
+        let (status, mut headers, http11) = loop {
+            match parse_head(&mut self.buf)? {
+                Some((status, _, _)) if status.is_informational() => {
+                    if status == StatusCode::SWITCHING_PROTOCOLS {
+                        return Err(broken("the upstream switched protocols"));
+                    }
+                }
+                Some(parsed) => break parsed,
+                None => {
+                    if self.buf.len() > MAX_HEAD {
+                        return Err(broken("the response head is too large"));
+                    }
+                    if !self.fill().await? {
+                        return Err(broken(if self.buf.is_empty() {
+                            "the connection closed before a response"
+                        } else {
+                            "the connection closed inside the response head"
+                        }));
+                    }
+                }
+            }
+        };
+        let mut reusable = http11 && !closes(&headers);
+        let framing = framing(head_request, status, &headers)?;
+        let body = match framing {
+            Framing::None => Bytes::new(),
+            Framing::Length(n) if n > max_body => return Err(Failed::TooLarge),
+            Framing::Length(n) => {
+                self.fill_to(n).await?;
+                self.buf.split_to(n).freeze()
+            }
+            Framing::Chunked => self.read_chunked(max_body).await?,
+            Framing::UntilClose => {
+                reusable = false;
+                while self.fill().await? {
+                    if self.buf.len() > max_body {
+                        return Err(Failed::TooLarge);
+                    }
+                }
+                self.buf.split().freeze()
+            }
+        };
+        // Bytes nobody asked for mean the two ends disagree on framing.
+        reusable &= self.buf.is_empty();
+        strip_hop_by_hop(&mut headers);
+        Ok((
+            Captured {
+                status,
+                headers,
+                body,
+            },
+            reusable,
+        ))
+    }
+
+    async fn read_chunked(&mut self, max_body: usize) -> Result<Bytes, Failed> {
+        let mut body = BytesMut::new();
+        loop {
+            let size = loop {
+                match httparse::parse_chunk_size(&self.buf) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        self.buf.advance(used);
+                        break size;
+                    }
+                    Ok(httparse::Status::Partial) if self.buf.len() < 1024 => {
+                        if !self.fill().await? {
+                            return Err(broken("the connection closed inside a chunk size"));
+                        }
+                    }
+                    _ => return Err(broken("a malformed chunk size")),
+                }
+            };
+            if size == 0 {
+                break;
+            }
+            let size = usize::try_from(size).unwrap_or(usize::MAX);
+            if size > max_body.saturating_sub(body.len()) {
+                return Err(Failed::TooLarge);
+            }
+            self.fill_to(size + 2).await?;
+            if &self.buf[size..size + 2] != b"\r\n" {
+                return Err(broken("a chunk without its line end"));
+            }
+            if body.is_empty() {
+                // The first chunk is shared, not copied (most answers have one).
+                body = self.buf.split_to(size);
+                self.buf.advance(2);
+            } else {
+                body.extend_from_slice(&self.buf[..size]);
+                self.buf.advance(size + 2);
+            }
+        }
+        // Trailer fields, dropped, up to the empty line.
+        let mut trailers = 0;
+        loop {
+            match self.buf.windows(2).position(|w| w == b"\r\n") {
+                Some(0) => {
+                    self.buf.advance(2);
+                    return Ok(body.freeze());
+                }
+                Some(end) => {
+                    trailers += end + 2;
+                    self.buf.advance(end + 2);
+                }
+                None if trailers + self.buf.len() > MAX_HEAD => {
+                    return Err(broken("the trailer fields are too large"))
+                }
+                None => {
+                    if !self.fill().await? {
+                        return Err(broken("the connection closed inside the trailer fields"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn broken(why: &str) -> Failed {
+    Failed::Broken(why.to_string())
+}
+
+/// The request head: request line, `Host`, the headers (the client's framing fields
+/// left out: this connection frames the body itself), `Content-Length`.
+fn encode_head(out: &mut Vec<u8>, head: &Head<'_>, headers: &HeaderMap, body_len: usize) {
+    out.extend_from_slice(head.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(head.prefix.as_bytes());
+    out.extend_from_slice(head.path_and_query.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(head.host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        if *name == CONTENT_LENGTH || *name == http::header::HOST || is_framing(name) {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    // A body, or a method that means one, says its length; GET and HEAD without one
+    // say nothing, as clients do.
+    if body_len > 0 || !matches!(*head.method, Method::GET | Method::HEAD) {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa_buf(body_len).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Fields that would change how this connection frames the message.
+fn is_framing(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "transfer-encoding" | "connection" | "keep-alive" | "te" | "upgrade" | "trailer"
+    )
+}
+
+/// Decimal digits of `n` without an allocation.
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+fn itoa_buf(mut n: usize) -> Digits {
+    let mut d = Digits {
+        buf: [0; 20],
+        start: 20,
+    };
+    loop {
+        d.start -= 1;
+        d.buf[d.start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return d;
+        }
+    }
+}
+
+/// Parses a response head at the start of `buf` and takes it out; `None` while it is
+/// incomplete. Header values share the head's bytes.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<(StatusCode, HeaderMap, bool)>, Failed> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut fields);
+    let len = match response.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(Failed::Broken(format!("a malformed response head: {e}"))),
+    };
+    let code = response.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code)
+        .map_err(|_| Failed::Broken(format!("a response status of {code}")))?;
+    let http11 = response.version == Some(1);
+    let base = buf.as_ptr() as usize;
+    // Where each field sits in the head, so the values can share it once it is split off.
+    let mut places: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(response.headers.len());
+    for field in response.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| Failed::Broken(format!("a response header named {:?}", field.name)))?;
+        let start = field.value.as_ptr() as usize - base;
+        places.push((name, start, start + field.value.len()));
+    }
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(places.len());
+    for (name, start, end) in places {
+        let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+            .map_err(|_| Failed::Broken(format!("a malformed value of {name}")))?;
+        headers.append(name, value);
+    }
+    Ok(Some((status, headers, http11)))
+}
+
+/// Whether the response ends its connection (`Connection: close`).
+fn closes(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("close"))
+}
+
+/// How the body is delimited (RFC 9112 §6.3).
+fn framing(head_request: bool, status: StatusCode, headers: &HeaderMap) -> Result<Framing, Failed> {
+    if head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::None);
+    }
+    let codings: Vec<&[u8]> = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|c| c.trim_ascii())
+        .filter(|c| !c.is_empty())
+        .collect();
+    if let Some(last) = codings.last() {
+        return Ok(if last.eq_ignore_ascii_case(b"chunked") {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        });
+    }
+    let mut length: Option<usize> = None;
+    for v in headers.get_all(CONTENT_LENGTH) {
+        for part in v.as_bytes().split(|b| *b == b',') {
+            let n = std::str::from_utf8(part.trim_ascii())
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<usize>().ok())
+                .ok_or_else(|| broken("a malformed Content-Length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(broken("conflicting Content-Length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(0) => Framing::None,
+        Some(n) => Framing::Length(n),
+        None => Framing::UntilClose,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncBufReadExt;
+    use tokio::net::TcpListener;
+
+    /// A server that reads one request head (and `body` bytes) per answer and writes
+    /// each answer as given; returns its address and the requests it read.
+    async fn server(
+        answers: Vec<&'static [u8]>,
+        body: usize,
+    ) -> (std::net::SocketAddr, tokio::task::JoinHandle<Vec<String>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let mut s = tokio::io::BufReader::new(s);
+            let mut seen = Vec::new();
+            for answer in answers {
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    if s.read_line(&mut line).await.unwrap() == 0 {
+                        return seen;
+                    }
+                    head.push_str(&line);
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                let mut b = vec![0; body];
+                s.read_exact(&mut b).await.unwrap();
+                head.push_str(&String::from_utf8_lossy(&b));
+                seen.push(head);
+                s.get_mut().write_all(answer).await.unwrap();
+            }
+            seen
+        });
+        (addr, task)
+    }
+
+    async fn conn(addr: std::net::SocketAddr) -> Conn {
+        Conn::new(Stream::Tcp(TcpStream::connect(addr).await.unwrap()))
+    }
+
+    fn head<'a>(method: &'a Method, host: &'a HeaderValue) -> Head<'a> {
+        Head {
+            method,
+            prefix: "/api",
+            path_and_query: "/v1/orders?x=1",
+            host,
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_one_request_and_reads_a_length_framed_answer() {
+        let (addr, seen) = server(
+            vec![b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 5\r\nx-a: 1\r\nconnection: keep-alive, x-a\r\n\r\nhello"],
+            4,
+        )
+        .await;
+        let mut c = conn(addr).await;
+        let mut headers = HeaderMap::new();
+        headers.insert("x-b", HeaderValue::from_static("2"));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("999"));
+        headers.insert(
+            http::header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        let host = HeaderValue::from_static("svc:80");
+        let (captured, reusable) = c
+            .exchange(
+                &head(&Method::POST, &host),
+                &headers,
+                &Bytes::from_static(b"abcd"),
+                100,
+            )
+            .await
+            .unwrap();
+        assert_eq!(captured.status, StatusCode::CREATED);
+        assert_eq!(&captured.body[..], b"hello");
+        assert!(captured.headers.get("x-a").is_none(), "named by Connection");
+        assert!(captured.headers.get(CONNECTION).is_none());
+        assert!(reusable);
+        let seen = seen.await.unwrap();
+        assert_eq!(
+            seen[0],
+            "POST /api/v1/orders?x=1 HTTP/1.1\r\nhost: svc:80\r\nx-b: 2\r\ncontent-length: 4\r\n\r\nabcd"
+        );
+    }
+
+    #[tokio::test]
+    async fn reads_chunked_answers_and_keeps_the_connection() {
+        let (addr, _seen) = server(
+            vec![
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-trailer: t\r\n\r\n",
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4\r\nwxyz\r\n0\r\n\r\n",
+            ],
+            0,
+        )
+        .await;
+        let mut c = conn(addr).await;
+        let host = HeaderValue::from_static("h");
+        for want in [&b"abcde"[..], b"wxyz"] {
+            let (captured, reusable) = c
+                .exchange(
+                    &head(&Method::GET, &host),
+                    &HeaderMap::new(),
+                    &Bytes::new(),
+                    100,
+                )
+                .await
+                .unwrap();
+            assert_eq!(&captured.body[..], want);
+            assert!(captured.headers.get("transfer-encoding").is_none());
+            assert!(reusable);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_until_close_is_read_and_the_connection_not_kept() {
+        let (addr, _seen) = server(vec![b"HTTP/1.1 200 OK\r\n\r\nall of it"], 0).await;
+        let mut c = conn(addr).await;
+        let host = HeaderValue::from_static("h");
+        let (captured, reusable) = c
+            .exchange(
+                &head(&Method::GET, &host),
+                &HeaderMap::new(),
+                &Bytes::new(),
+                100,
+            )
+            .await
+            .unwrap();
+        assert_eq!(&captured.body[..], b"all of it");
+        assert!(!reusable);
+    }
+
+    #[tokio::test]
+    async fn too_large_and_broken_answers_are_told_apart() {
+        let host = HeaderValue::from_static("h");
+        let cases: [(&'static [u8], Failed); 5] = [
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 101\r\n\r\n",
+                Failed::TooLarge,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n65\r\n",
+                Failed::TooLarge,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort",
+                broken("the connection closed inside the response body"),
+            ),
+            (b"", broken("the connection closed before a response")),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab",
+                broken("conflicting Content-Length values"),
+            ),
+        ];
+        for (answer, want) in cases {
+            let (addr, _seen) = server(vec![answer], 0).await;
+            let mut c = conn(addr).await;
+            let got = c
+                .exchange(
+                    &head(&Method::GET, &host),
+                    &HeaderMap::new(),
+                    &Bytes::new(),
+                    100,
+                )
+                .await
+                .map(|_| ());
+            assert_eq!(got, Err(want), "{}", String::from_utf8_lossy(answer));
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_peer_closed_is_not_used_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut c = conn(addr).await;
+        let (peer, _) = listener.accept().await.unwrap();
+        assert!(c.is_idle_open());
+        drop(peer);
+        // The close arrives on loopback at once; give the reactor a turn to see it.
+        let mut open = true;
+        for _ in 0..100 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            open = c.is_idle_open();
+            if !open {
+                break;
+            }
+        }
+        assert!(!open);
+    }
+
+    #[test]
+    fn no_body_for_head_204_304_and_empty_requests_say_so_by_method() {
+        let h = HeaderMap::new();
+        let mut with_length = HeaderMap::new();
+        with_length.insert(CONTENT_LENGTH, HeaderValue::from_static("7"));
+        assert!(matches!(
+            framing(true, StatusCode::OK, &with_length),
+            Ok(Framing::None)
+        ));
+        for s in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
+            assert!(matches!(framing(false, s, &with_length), Ok(Framing::None)));
+        }
+        assert!(matches!(
+            framing(false, StatusCode::OK, &with_length),
+            Ok(Framing::Length(7))
+        ));
+        assert!(matches!(
+            framing(false, StatusCode::OK, &h),
+            Ok(Framing::UntilClose)
+        ));
+        let host = HeaderValue::from_static("h");
+        let mut out = Vec::new();
+        encode_head(&mut out, &head(&Method::POST, &host), &h, 0);
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .ends_with("content-length: 0\r\n\r\n"));
+        let mut out = Vec::new();
+        encode_head(&mut out, &head(&Method::GET, &host), &h, 0);
+        assert!(!String::from_utf8(out).unwrap().contains("content-length"));
+        assert_eq!(itoa_buf(0).as_bytes(), b"0");
+        assert_eq!(itoa_buf(1234567).as_bytes(), b"1234567");
+    }
+}
