@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::ctx::{Ctx, GATEWAY_TOKEN, X_REQUEST_ID};
 use crate::flights::Outcome;
-use crate::outbound::Outbound;
+use crate::outbound::{Outbound, Readied};
 use crate::problem::{Problem, ProblemKind};
 use crate::upstream::{Captured, Exchange, KeyState};
 use crate::upstreams::Heard;
@@ -122,7 +122,7 @@ pub(crate) fn problem(problem: Problem) -> Settled<Outcome> {
 /// The headers a state query carries: the identity the gateway set, the caller's own
 /// forwarded credential (the upstream authenticates the query as that caller) and the
 /// key.
-fn state_query_headers(ctx: &Ctx, headers: &HeaderMap) -> HeaderMap {
+fn state_query_headers(ctx: &Ctx, headers: &Readied) -> HeaderMap {
     let mut out = HeaderMap::new();
     for name in [
         &ctx.tenant_header,
@@ -150,7 +150,7 @@ fn state_query_headers(ctx: &Ctx, headers: &HeaderMap) -> HeaderMap {
 /// with the same key and the upstream's own record decides (its replay, or 422). That is
 /// safe exactly because the upstream has a record of the key; the state query's job is
 /// to wait out an execution still running there.
-async fn forward(ctx: &Ctx, req: &KeyedRequest, headers: &HeaderMap) -> Settled<Outcome> {
+async fn forward(ctx: &Ctx, req: &KeyedRequest, headers: &Readied) -> Settled<Outcome> {
     let (mut last, mut exchange) = send(ctx, req, headers, None).await;
     let mut resends_left = ctx.config.state_query.max_retries;
     let mut resent = false;
@@ -216,7 +216,7 @@ async fn forward(ctx: &Ctx, req: &KeyedRequest, headers: &HeaderMap) -> Settled<
 async fn send(
     ctx: &Ctx,
     req: &KeyedRequest,
-    headers: &HeaderMap,
+    headers: &Readied,
     mut avoid: Option<usize>,
 ) -> (usize, Exchange) {
     let mut tries = ctx.upstreams.len();
@@ -228,7 +228,8 @@ async fn send(
             .exchange(
                 &req.method,
                 req.uri.path_and_query().map_or("/", |p| p.as_str()),
-                headers,
+                &headers.headers,
+                &headers.set,
                 req.body.clone(),
             )
             .await;
@@ -269,7 +270,7 @@ enum StateAnswer {
 async fn settle(
     ctx: &Ctx,
     req: &KeyedRequest,
-    headers: &HeaderMap,
+    headers: &Readied,
     why: &str,
     failed_on: usize,
 ) -> StateAnswer {

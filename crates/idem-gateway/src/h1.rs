@@ -98,10 +98,15 @@ pub(crate) enum Failed {
     Broken(String),
 }
 
-/// A kept-alive connection and what it has read past the last response.
+/// A kept-alive connection, what it has read past the last response, and buffers kept
+/// for the next exchange.
 pub(crate) struct Conn {
     stream: Stream,
     buf: BytesMut,
+    /// The request being written.
+    out: Vec<u8>,
+    /// Where each response field sits in its head.
+    places: Vec<(HeaderName, usize, usize)>,
 }
 
 /// How a response body is delimited.
@@ -117,6 +122,8 @@ impl Conn {
         Self {
             stream,
             buf: BytesMut::new(),
+            out: Vec::new(),
+            places: Vec::new(),
         }
     }
 
@@ -144,10 +151,11 @@ impl Conn {
         &mut self,
         head: &Head<'_>,
         headers: &HeaderMap,
+        set: &[(HeaderName, HeaderValue)],
         body: &Bytes,
         max_body: usize,
     ) -> Result<(Captured, bool), Failed> {
-        self.write_request(head, headers, body).await?;
+        self.write_request(head, headers, set, body).await?;
         self.read_response(*head.method == Method::HEAD, max_body)
             .await
     }
@@ -156,16 +164,24 @@ impl Conn {
         &mut self,
         head: &Head<'_>,
         headers: &HeaderMap,
+        set: &[(HeaderName, HeaderValue)],
         body: &Bytes,
     ) -> Result<(), Failed> {
-        let mut out = Vec::with_capacity(256 + headers.len() * 48 + body.len().min(ONE_WRITE));
-        encode_head(&mut out, head, headers, body.len());
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        out.reserve(256 + headers.len() * 48 + body.len().min(ONE_WRITE));
+        encode_head(&mut out, head, headers, set, body.len());
         let one = body.len() <= ONE_WRITE;
         if one {
             out.extend_from_slice(body);
         }
         let broken = |e: std::io::Error| Failed::Broken(format!("writing the request: {e}"));
-        self.stream.write_all(&out).await.map_err(broken)?;
+        let written = self.stream.write_all(&out).await;
+        // Kept for the next request unless a large body grew it.
+        if out.capacity() <= 4 * ONE_WRITE {
+            self.out = out;
+        }
+        written.map_err(broken)?;
         if !one {
             self.stream.write_all(body).await.map_err(broken)?;
         }
@@ -203,7 +219,7 @@ impl Conn {
         max_body: usize,
     ) -> Result<(Captured, bool), Failed> {
         let (status, mut headers, http11) = loop {
-            match parse_head(&mut self.buf)? {
+            match parse_head(&mut self.buf, &mut self.places)? {
                 Some((status, _, _)) if status.is_informational() => {
                     if status == StatusCode::SWITCHING_PROTOCOLS {
                         return Err(broken("the upstream switched protocols"));
@@ -324,8 +340,15 @@ fn broken(why: &str) -> Failed {
 }
 
 /// The request head: request line, `Host`, the headers (the client's framing fields
-/// left out: this connection frames the body itself), `Content-Length`.
-fn encode_head(out: &mut Vec<u8>, head: &Head<'_>, headers: &HeaderMap, body_len: usize) {
+/// left out: this connection frames the body itself), the fields `set` adds (names the
+/// headers do not carry), `Content-Length`.
+fn encode_head(
+    out: &mut Vec<u8>,
+    head: &Head<'_>,
+    headers: &HeaderMap,
+    set: &[(HeaderName, HeaderValue)],
+    body_len: usize,
+) {
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(head.prefix.as_bytes());
@@ -333,10 +356,10 @@ fn encode_head(out: &mut Vec<u8>, head: &Head<'_>, headers: &HeaderMap, body_len
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(head.host.as_bytes());
     out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        if *name == CONTENT_LENGTH || *name == http::header::HOST || is_framing(name) {
-            continue;
-        }
+    let fields = headers.iter().filter(|(name, _)| {
+        !(**name == CONTENT_LENGTH || **name == http::header::HOST || is_framing(name))
+    });
+    for (name, value) in fields.chain(set.iter().map(|(n, v)| (n, v))) {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
@@ -389,10 +412,23 @@ fn itoa_buf(mut n: usize) -> Digits {
 
 /// Parses a response head at the start of `buf` and takes it out; `None` while it is
 /// incomplete. Header values share the head's bytes.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<(StatusCode, HeaderMap, bool)>, Failed> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut response = httparse::Response::new(&mut fields);
-    let len = match response.parse(buf) {
+fn parse_head(
+    buf: &mut BytesMut,
+    places: &mut Vec<(HeaderName, usize, usize)>,
+) -> Result<Option<(StatusCode, HeaderMap, bool)>, Failed> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    // Left uninitialised: the parser writes the fields it finds.
+    let mut fields =
+        [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut response,
+        buf,
+        &mut fields,
+    );
+    let len = match parsed {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(e) => return Err(Failed::Broken(format!("a malformed response head: {e}"))),
@@ -403,7 +439,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<(StatusCode, HeaderMap, bool)
     let http11 = response.version == Some(1);
     let base = buf.as_ptr() as usize;
     // Where each field sits in the head, so the values can share it once it is split off.
-    let mut places: Vec<(HeaderName, usize, usize)> = Vec::with_capacity(response.headers.len());
+    places.clear();
     for field in response.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| Failed::Broken(format!("a response header named {:?}", field.name)))?;
@@ -412,7 +448,7 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<(StatusCode, HeaderMap, bool)
     }
     let head = buf.split_to(len).freeze();
     let mut headers = HeaderMap::with_capacity(places.len());
-    for (name, start, end) in places {
+    for (name, start, end) in places.drain(..) {
         let value = HeaderValue::from_maybe_shared(head.slice(start..end))
             .map_err(|_| Failed::Broken(format!("a malformed value of {name}")))?;
         headers.append(name, value);
@@ -548,6 +584,10 @@ mod tests {
             .exchange(
                 &head(&Method::POST, &host),
                 &headers,
+                &[(
+                    HeaderName::from_static("x-c"),
+                    HeaderValue::from_static("3"),
+                )],
                 &Bytes::from_static(b"abcd"),
                 100,
             )
@@ -561,7 +601,7 @@ mod tests {
         let seen = seen.await.unwrap();
         assert_eq!(
             seen[0],
-            "POST /api/v1/orders?x=1 HTTP/1.1\r\nhost: svc:80\r\nx-b: 2\r\ncontent-length: 4\r\n\r\nabcd"
+            "POST /api/v1/orders?x=1 HTTP/1.1\r\nhost: svc:80\r\nx-b: 2\r\nx-c: 3\r\ncontent-length: 4\r\n\r\nabcd"
         );
     }
 
@@ -582,6 +622,7 @@ mod tests {
                 .exchange(
                     &head(&Method::GET, &host),
                     &HeaderMap::new(),
+                    &[],
                     &Bytes::new(),
                     100,
                 )
@@ -602,6 +643,7 @@ mod tests {
             .exchange(
                 &head(&Method::GET, &host),
                 &HeaderMap::new(),
+                &[],
                 &Bytes::new(),
                 100,
             )
@@ -640,6 +682,7 @@ mod tests {
                 .exchange(
                     &head(&Method::GET, &host),
                     &HeaderMap::new(),
+                    &[],
                     &Bytes::new(),
                     100,
                 )
@@ -691,12 +734,12 @@ mod tests {
         ));
         let host = HeaderValue::from_static("h");
         let mut out = Vec::new();
-        encode_head(&mut out, &head(&Method::POST, &host), &h, 0);
+        encode_head(&mut out, &head(&Method::POST, &host), &h, &[], 0);
         assert!(String::from_utf8(out)
             .unwrap()
             .ends_with("content-length: 0\r\n\r\n"));
         let mut out = Vec::new();
-        encode_head(&mut out, &head(&Method::GET, &host), &h, 0);
+        encode_head(&mut out, &head(&Method::GET, &host), &h, &[], 0);
         assert!(!String::from_utf8(out).unwrap().contains("content-length"));
         assert_eq!(itoa_buf(0).as_bytes(), b"0");
         assert_eq!(itoa_buf(1234567).as_bytes(), b"1234567");

@@ -35,6 +35,37 @@ impl Peer {
     }
 }
 
+/// A request's headers readied for the upstream: the client's, stripped of what the
+/// upstream must not get, and the fields the gateway sets, kept apart so the keyed
+/// exchange writes both without merging them into one map.
+pub(crate) struct Readied {
+    pub headers: HeaderMap,
+    /// Names absent from `headers`: each is set once, after the client's fields.
+    pub set: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Readied {
+    /// The values of `name`, the client's then the gateway's.
+    pub fn get_all<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a HeaderValue> {
+        self.headers.get_all(name).iter().chain(
+            self.set
+                .iter()
+                .filter(move |(n, _)| n == name)
+                .map(|(_, v)| v),
+        )
+    }
+
+    /// One map, for a client that sends a `HeaderMap`.
+    pub fn into_map(self) -> HeaderMap {
+        let Self { mut headers, set } = self;
+        headers.reserve(set.len());
+        for (name, value) in set {
+            headers.append(name, value);
+        }
+        headers
+    }
+}
+
 /// A keyed request's client headers with what readying them needs, kept as they came
 /// until the request is sent: an answer from the window never pays for the rewrite.
 /// The request id is captured here because a flight may finish in a task of its own.
@@ -54,60 +85,46 @@ impl Outbound {
     }
 
     /// The headers to send on behalf of `tenant` and `principal`.
-    pub fn prepare(self, ctx: &Ctx, tenant: &TenantId, principal: &Principal) -> HeaderMap {
+    pub fn prepare(self, ctx: &Ctx, tenant: &TenantId, principal: &Principal) -> Readied {
         let Self {
-            mut headers,
+            headers,
             peer,
             request_id,
         } = self;
-        ctx.prepare_headers(
-            &mut headers,
+        ctx.ready_headers(
+            headers,
             Some((tenant, principal)),
             &peer,
             request_id.as_deref(),
-        );
-        headers
+        )
     }
 }
 
 impl Ctx {
     /// Readies client headers for the upstream: hop-by-hop fields, client-sent identity
     /// headers and (configured) the API key go; the gateway's identity headers for
-    /// `caller` (its window tenant and principal) come in.
-    pub(crate) fn prepare_headers(
+    /// `caller` (its window tenant and principal), request id, trace context and
+    /// forwarding fields come in, replacing any the client sent.
+    pub(crate) fn ready_headers(
         &self,
-        headers: &mut HeaderMap,
+        mut headers: HeaderMap,
         caller: Option<(&TenantId, &Principal)>,
         peer: &Peer,
         request_id: Option<&str>,
-    ) {
+    ) -> Readied {
         // Forwarding headers are believed only from a configured proxy.
         let trusted = self.proxies.trusts(peer.ip);
-        crate::hop::strip_hop_by_hop_and(headers, |n| {
-            *n == self.tenant_header
-                || *n == self.principal_header
-                || *n == GATEWAY_TOKEN
-                || self.auth.is_credential(n)
-                || (!trusted && is_forwarding(n))
-        });
-        // Room for the fields set below at once: hyper sizes a parsed map to fit.
-        headers.reserve(6);
-        // The upstream gets its own authority as Host (set when it is chosen); the
+        // What the set fields build on, read before the strip takes their names out.
+        // The upstream gets its own authority as Host (written when it is chosen); the
         // client's goes along as X-Forwarded-Host (a trusted proxy's own stays).
-        if let Some(host) = headers.remove(HOST) {
-            if !headers.contains_key(X_FORWARDED_HOST) {
-                headers.insert(X_FORWARDED_HOST, host);
-            }
-        }
-        if let Some(id) = request_id.and_then(|id| HeaderValue::from_str(id).ok()) {
-            headers.insert(X_REQUEST_ID, id);
-        }
+        let host = headers.get(HOST).cloned();
+        let keeps_forwarded_host = trusted && headers.contains_key(X_FORWARDED_HOST);
         // W3C trace context: the upstream call is a child of the caller's span, or the
         // first span of a new trace. A malformed traceparent is replaced, not passed on.
         let span = uuid::Uuid::new_v4().as_bytes()[..8]
             .try_into()
             .unwrap_or([1; 8]);
-        let next = match headers
+        let trace = match headers
             .get(&TRACEPARENT)
             .and_then(|v| v.to_str().ok())
             .and_then(TraceParent::parse)
@@ -119,40 +136,57 @@ impl Ctx {
                 flags: 0,
             },
         };
-        if let Ok(v) = HeaderValue::from_bytes(&next.to_bytes()) {
-            headers.insert(TRACEPARENT, v);
-        }
         // A proxy may add its own line instead of extending one: every line counts,
         // in order.
-        let prior: Vec<&str> = headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        if prior.is_empty() {
-            headers.insert(X_FORWARDED_FOR, peer.xff.clone());
+        let forwarded_for = if trusted {
+            let prior: Vec<&str> = headers
+                .get_all(&X_FORWARDED_FOR)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            (!prior.is_empty())
+                .then(|| HeaderValue::from_str(&format!("{}, {}", prior.join(", "), peer.ip)).ok())
+                .flatten()
         } else {
-            let chain = format!("{}, {}", prior.join(", "), peer.ip);
-            match HeaderValue::from_str(&chain) {
-                Ok(v) => {
-                    headers.insert(X_FORWARDED_FOR, v);
-                }
-                Err(_) => {
-                    headers.insert(X_FORWARDED_FOR, peer.xff.clone());
-                }
-            }
+            None
+        };
+        crate::hop::strip_hop_by_hop_and(&mut headers, |n| {
+            *n == self.tenant_header
+                || *n == self.principal_header
+                || *n == GATEWAY_TOKEN
+                || self.auth.is_credential(n)
+                || (!trusted && is_forwarding(n))
+                || *n == HOST
+                || *n == X_REQUEST_ID
+                || *n == TRACEPARENT
+                || *n == X_FORWARDED_FOR
+        });
+        let mut set = Vec::with_capacity(7);
+        if let Some(host) = host.filter(|_| !keeps_forwarded_host) {
+            set.push((X_FORWARDED_HOST, host));
         }
+        if let Some(id) = request_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+            set.push((X_REQUEST_ID, id));
+        }
+        if let Ok(v) = HeaderValue::from_bytes(&trace.to_bytes()) {
+            set.push((TRACEPARENT, v));
+        }
+        set.push((
+            X_FORWARDED_FOR,
+            forwarded_for.unwrap_or_else(|| peer.xff.clone()),
+        ));
         if let Some((tenant, principal)) = caller {
             if let Ok(v) = HeaderValue::from_str(tenant.as_str()) {
-                headers.insert(self.tenant_header.clone(), v);
+                set.push((self.tenant_header.clone(), v));
             }
             if let Ok(v) = HeaderValue::from_str(principal.as_str()) {
-                headers.insert(self.principal_header.clone(), v);
+                set.push((self.principal_header.clone(), v));
             }
         }
         if let Some(token) = &self.token {
-            headers.insert(GATEWAY_TOKEN, token.clone());
+            set.push((GATEWAY_TOKEN, token.clone()));
         }
+        Readied { headers, set }
     }
 }
 

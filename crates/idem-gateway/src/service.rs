@@ -213,7 +213,14 @@ async fn passthrough(
     let caller = tenant
         .as_ref()
         .zip(identity.as_ref().map(|id| &id.principal));
-    ctx.prepare_headers(&mut parts.headers, caller, peer, request_id().as_deref());
+    parts.headers = ctx
+        .ready_headers(
+            std::mem::take(&mut parts.headers),
+            caller,
+            peer,
+            request_id().as_deref(),
+        )
+        .into_map();
     let upstream = ctx.upstreams.pick(None);
     parts.uri = upstream.client().base().target(&parts.uri);
     parts.version = Version::HTTP_11;
