@@ -605,6 +605,19 @@ mod tests {
         );
     }
 
+    /// A GET without headers or body, answers up to 100 bytes.
+    async fn get(c: &mut Conn) -> Result<(Captured, bool), Failed> {
+        let host = HeaderValue::from_static("h");
+        c.exchange(
+            &head(&Method::GET, &host),
+            &HeaderMap::new(),
+            &[],
+            &Bytes::new(),
+            100,
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn reads_chunked_answers_and_keeps_the_connection() {
         let (addr, _seen) = server(
@@ -616,18 +629,8 @@ mod tests {
         )
         .await;
         let mut c = conn(addr).await;
-        let host = HeaderValue::from_static("h");
         for want in [&b"abcde"[..], b"wxyz"] {
-            let (captured, reusable) = c
-                .exchange(
-                    &head(&Method::GET, &host),
-                    &HeaderMap::new(),
-                    &[],
-                    &Bytes::new(),
-                    100,
-                )
-                .await
-                .unwrap();
+            let (captured, reusable) = get(&mut c).await.unwrap();
             assert_eq!(&captured.body[..], want);
             assert!(captured.headers.get("transfer-encoding").is_none());
             assert!(reusable);
@@ -638,24 +641,13 @@ mod tests {
     async fn a_body_until_close_is_read_and_the_connection_not_kept() {
         let (addr, _seen) = server(vec![b"HTTP/1.1 200 OK\r\n\r\nall of it"], 0).await;
         let mut c = conn(addr).await;
-        let host = HeaderValue::from_static("h");
-        let (captured, reusable) = c
-            .exchange(
-                &head(&Method::GET, &host),
-                &HeaderMap::new(),
-                &[],
-                &Bytes::new(),
-                100,
-            )
-            .await
-            .unwrap();
+        let (captured, reusable) = get(&mut c).await.unwrap();
         assert_eq!(&captured.body[..], b"all of it");
         assert!(!reusable);
     }
 
     #[tokio::test]
     async fn too_large_and_broken_answers_are_told_apart() {
-        let host = HeaderValue::from_static("h");
         let cases: [(&'static [u8], Failed); 5] = [
             (
                 b"HTTP/1.1 200 OK\r\ncontent-length: 101\r\n\r\n",
@@ -678,16 +670,7 @@ mod tests {
         for (answer, want) in cases {
             let (addr, _seen) = server(vec![answer], 0).await;
             let mut c = conn(addr).await;
-            let got = c
-                .exchange(
-                    &head(&Method::GET, &host),
-                    &HeaderMap::new(),
-                    &[],
-                    &Bytes::new(),
-                    100,
-                )
-                .await
-                .map(|_| ());
+            let got = get(&mut c).await.map(|_| ());
             assert_eq!(got, Err(want), "{}", String::from_utf8_lossy(answer));
         }
     }
