@@ -671,6 +671,35 @@ impl GatewayConfig {
                 return bad(format!("{what} {name:?} is not a header name"));
             }
         }
+        // The identity headers are set once each, beside fields the gateway owns.
+        let (tenant, principal) = (
+            self.tenant_header.to_ascii_lowercase(),
+            self.principal_header.to_ascii_lowercase(),
+        );
+        if tenant == principal {
+            return bad(format!(
+                "tenant_header and principal_header are both {tenant:?}"
+            ));
+        }
+        for name in [&tenant, &principal] {
+            let reserved = [
+                "host",
+                "content-length",
+                "transfer-encoding",
+                "x-request-id",
+                "traceparent",
+                "x-idem-gateway-token",
+                "idempotency-key",
+            ];
+            if reserved.contains(&name.as_str())
+                || crate::hop::is_hop_by_hop_name(name)
+                || name.starts_with("x-forwarded-")
+            {
+                return bad(format!(
+                    "{name:?} is a header the gateway sets or frames itself; pick another tenant_header or principal_header"
+                ));
+            }
+        }
         for p in &self.trusted_proxies {
             if p.parse::<crate::forwarded::IpNet>().is_err() {
                 return bad(format!(
@@ -917,6 +946,10 @@ mod tests {
             r#"{"upstream": "http://x", "auth": {"credential_headers": ["a b"]}}"#,
             r#"{"upstream": "http://x", "auth": {"api_keys": {"k": "t1"}, "anonymous_tenant": "t1"}}"#,
             r#"{"upstream": "http://x", "auth": {"api_keys": {"k": {"tenant": "t1", "principal": "anonymous"}}}}"#,
+            r#"{"upstream": "http://x", "tenant_header": "x-who", "principal_header": "X-Who"}"#,
+            r#"{"upstream": "http://x", "tenant_header": "x-request-id"}"#,
+            r#"{"upstream": "http://x", "principal_header": "transfer-encoding"}"#,
+            r#"{"upstream": "http://x", "principal_header": "x-forwarded-user"}"#,
         ] {
             assert!(GatewayConfig::from_json(bad).is_err(), "{bad}");
         }

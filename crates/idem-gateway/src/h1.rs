@@ -155,9 +155,16 @@ impl Conn {
         body: &Bytes,
         max_body: usize,
     ) -> Result<(Captured, bool), Failed> {
-        self.write_request(head, headers, set, body).await?;
-        self.read_response(*head.method == Method::HEAD, max_body)
-            .await
+        let head_request = *head.method == Method::HEAD;
+        if let Err(failed) = self.write_request(head, headers, set, body).await {
+            // An upstream may answer (413, 401) and close before it read the whole body:
+            // an answer already here is its word; without one the result is uncertain.
+            return match self.read_response(head_request, max_body).await {
+                Ok((captured, _)) => Ok((captured, false)),
+                Err(_) => Err(failed),
+            };
+        }
+        self.read_response(head_request, max_body).await
     }
 
     async fn write_request(
@@ -185,7 +192,8 @@ impl Conn {
         if !one {
             self.stream.write_all(body).await.map_err(broken)?;
         }
-        Ok(())
+        // TLS holds records back until flushed.
+        self.stream.flush().await.map_err(broken)
     }
 
     /// Reads more into the buffer; `Ok(false)` at the end of the stream.
@@ -241,7 +249,14 @@ impl Conn {
             }
         };
         let mut reusable = http11 && !closes(&headers);
-        let framing = framing(head_request, status, &headers)?;
+        let framing = framing(head_request, status, http11, &headers)?;
+        if headers.contains_key(http::header::TRANSFER_ENCODING) {
+            // A length beside a transfer coding is not the body's (RFC 9112 §6.3): it is
+            // dropped, and a connection framed two ways is not used again.
+            if headers.remove(CONTENT_LENGTH).is_some() {
+                reusable = false;
+            }
+        }
         let body = match framing {
             Framing::None => Bytes::new(),
             Framing::Length(n) if n > max_body => return Err(Failed::TooLarge),
@@ -467,7 +482,12 @@ fn closes(headers: &HeaderMap) -> bool {
 }
 
 /// How the body is delimited (RFC 9112 §6.3).
-fn framing(head_request: bool, status: StatusCode, headers: &HeaderMap) -> Result<Framing, Failed> {
+fn framing(
+    head_request: bool,
+    status: StatusCode,
+    http11: bool,
+    headers: &HeaderMap,
+) -> Result<Framing, Failed> {
     if head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -475,18 +495,20 @@ fn framing(head_request: bool, status: StatusCode, headers: &HeaderMap) -> Resul
     {
         return Ok(Framing::None);
     }
-    let codings: Vec<&[u8]> = headers
-        .get_all(http::header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .map(|c| c.trim_ascii())
-        .filter(|c| !c.is_empty())
-        .collect();
-    if let Some(last) = codings.last() {
-        return Ok(if last.eq_ignore_ascii_case(b"chunked") {
-            Framing::Chunked
-        } else {
-            Framing::UntilClose
+    if headers.contains_key(http::header::TRANSFER_ENCODING) {
+        if !http11 {
+            return Err(broken("a transfer coding in an HTTP/1.0 response"));
+        }
+        let last = headers
+            .get_all(http::header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(|c| c.trim_ascii())
+            .rfind(|c| !c.is_empty());
+        // Chunked last frames the body; any other coding (or none named) runs to the close.
+        return Ok(match last {
+            Some(c) if c.eq_ignore_ascii_case(b"chunked") => Framing::Chunked,
+            _ => Framing::UntilClose,
         });
     }
     let mut length: Option<usize> = None;
@@ -637,6 +659,96 @@ mod tests {
         }
     }
 
+    /// Answers framed two ways, closing, or followed by stray bytes are read and their
+    /// connection is not used again; a transfer coding in HTTP/1.0 is refused.
+    #[tokio::test]
+    async fn ambiguous_or_closing_answers_are_not_kept() {
+        let cases: [(&'static [u8], &[u8]); 4] = [
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+                b"ok",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                b"ok",
+            ),
+            (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", b"ok"),
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA", b"ok"),
+        ];
+        for (answer, body) in cases {
+            let (addr, _seen) = server(vec![answer], 0).await;
+            let mut c = conn(addr).await;
+            let (captured, reusable) = get(&mut c).await.unwrap();
+            assert_eq!(&captured.body[..], body);
+            assert!(!reusable, "{}", String::from_utf8_lossy(answer));
+            assert!(captured
+                .headers
+                .get(CONTENT_LENGTH)
+                .is_none_or(|v| v == "2"));
+        }
+        let (addr, _seen) = server(
+            vec![b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"],
+            0,
+        )
+        .await;
+        let mut c = conn(addr).await;
+        assert_eq!(
+            get(&mut c).await.map(|_| ()),
+            Err(broken("a transfer coding in an HTTP/1.0 response"))
+        );
+    }
+
+    /// An upstream that answers and closes before reading a large body: its answer
+    /// counts, it is not an uncertain result.
+    #[tokio::test]
+    async fn an_answer_sent_before_the_body_was_read_counts() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut b = [0u8; 1024];
+            let _ = s.read(&mut b).await;
+            s.write_all(b"HTTP/1.1 413 Content Too Large\r\ncontent-length: 3\r\nconnection: close\r\n\r\nbig")
+                .await
+                .unwrap();
+            // Closing with unread data resets the connection under the writer.
+            drop(s);
+        });
+        let mut c = conn(addr).await;
+        let host = HeaderValue::from_static("h");
+        let body = Bytes::from(vec![b'x'; 32 << 20]);
+        let (captured, reusable) = c
+            .exchange(
+                &head(&Method::POST, &host),
+                &HeaderMap::new(),
+                &[],
+                &body,
+                100,
+            )
+            .await
+            .unwrap();
+        assert_eq!(captured.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(!reusable);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_with_stray_bytes_is_not_used_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut c = conn(addr).await;
+        let (mut peer, _) = listener.accept().await.unwrap();
+        peer.write_all(b"HTTP/1.1 200 OK\r\n").await.unwrap();
+        let mut open = true;
+        for _ in 0..100 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            open = c.is_idle_open();
+            if !open {
+                break;
+            }
+        }
+        assert!(!open);
+    }
+
     #[tokio::test]
     async fn a_body_until_close_is_read_and_the_connection_not_kept() {
         let (addr, _seen) = server(vec![b"HTTP/1.1 200 OK\r\n\r\nall of it"], 0).await;
@@ -701,18 +813,21 @@ mod tests {
         let mut with_length = HeaderMap::new();
         with_length.insert(CONTENT_LENGTH, HeaderValue::from_static("7"));
         assert!(matches!(
-            framing(true, StatusCode::OK, &with_length),
+            framing(true, StatusCode::OK, true, &with_length),
             Ok(Framing::None)
         ));
         for s in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
-            assert!(matches!(framing(false, s, &with_length), Ok(Framing::None)));
+            assert!(matches!(
+                framing(false, s, true, &with_length),
+                Ok(Framing::None)
+            ));
         }
         assert!(matches!(
-            framing(false, StatusCode::OK, &with_length),
+            framing(false, StatusCode::OK, true, &with_length),
             Ok(Framing::Length(7))
         ));
         assert!(matches!(
-            framing(false, StatusCode::OK, &h),
+            framing(false, StatusCode::OK, true, &h),
             Ok(Framing::UntilClose)
         ));
         let host = HeaderValue::from_static("h");

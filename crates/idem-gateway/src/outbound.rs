@@ -114,11 +114,19 @@ impl Ctx {
     ) -> Readied {
         // Forwarding headers are believed only from a configured proxy.
         let trusted = self.proxies.trusts(peer.ip);
-        // What the set fields build on, read before the strip takes their names out.
-        // The upstream gets its own authority as Host (written when it is chosen); the
-        // client's goes along as X-Forwarded-Host (a trusted proxy's own stays).
+        crate::hop::strip_hop_by_hop_and(&mut headers, |n| {
+            *n == self.tenant_header
+                || *n == self.principal_header
+                || *n == GATEWAY_TOKEN
+                || self.auth.is_credential(n)
+                || (!trusted && is_forwarding(n))
+        });
+        // What the set fields build on, read from what is left (a field `Connection`
+        // named is gone). The upstream gets its own authority as Host (written when it
+        // is chosen); the client's goes along as X-Forwarded-Host (a trusted proxy's own
+        // stays).
         let host = headers.get(HOST).cloned();
-        let keeps_forwarded_host = trusted && headers.contains_key(X_FORWARDED_HOST);
+        let keeps_forwarded_host = headers.contains_key(X_FORWARDED_HOST);
         // W3C trace context: the upstream call is a child of the caller's span, or the
         // first span of a new trace. A malformed traceparent is replaced, not passed on.
         let span = uuid::Uuid::new_v4().as_bytes()[..8]
@@ -137,29 +145,18 @@ impl Ctx {
             },
         };
         // A proxy may add its own line instead of extending one: every line counts,
-        // in order.
-        let forwarded_for = if trusted {
-            let prior: Vec<&str> = headers
-                .get_all(&X_FORWARDED_FOR)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .collect();
-            (!prior.is_empty())
-                .then(|| HeaderValue::from_str(&format!("{}, {}", prior.join(", "), peer.ip)).ok())
-                .flatten()
-        } else {
-            None
-        };
+        // in order (untrusted lines are gone already).
+        let prior: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let forwarded_for = (!prior.is_empty())
+            .then(|| HeaderValue::from_str(&format!("{}, {}", prior.join(", "), peer.ip)).ok())
+            .flatten();
+        // The fields set below replace the client's.
         crate::hop::strip_hop_by_hop_and(&mut headers, |n| {
-            *n == self.tenant_header
-                || *n == self.principal_header
-                || *n == GATEWAY_TOKEN
-                || self.auth.is_credential(n)
-                || (!trusted && is_forwarding(n))
-                || *n == HOST
-                || *n == X_REQUEST_ID
-                || *n == TRACEPARENT
-                || *n == X_FORWARDED_FOR
+            *n == HOST || *n == X_REQUEST_ID || *n == TRACEPARENT || *n == X_FORWARDED_FOR
         });
         let mut set = Vec::with_capacity(7);
         if let Some(host) = host.filter(|_| !keeps_forwarded_host) {
