@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, FORWARDED, HOST};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, FORWARDED, HOST};
 use idem_core::wire::{TraceParent, TRACEPARENT};
 use idem_core::{Principal, TenantId};
 
@@ -114,26 +114,31 @@ impl Ctx {
     ) -> Readied {
         // Forwarding headers are believed only from a configured proxy.
         let trusted = self.proxies.trusts(peer.ip);
-        crate::hop::strip_hop_by_hop_and(&mut headers, |n| {
-            *n == self.tenant_header
-                || *n == self.principal_header
-                || *n == GATEWAY_TOKEN
-                || self.auth.is_credential(n)
-                || (!trusted && is_forwarding(n))
-        });
-        // What the set fields build on, read from what is left (a field `Connection`
-        // named is gone). The upstream gets its own authority as Host (written when it
-        // is chosen); the client's goes along as X-Forwarded-Host (a trusted proxy's own
-        // stays).
-        let host = headers.get(HOST).cloned();
-        let keeps_forwarded_host = headers.contains_key(X_FORWARDED_HOST);
+        // Fields the client's `Connection` names go with it, unread (rarely any).
+        let named: Vec<HeaderName> = if headers.contains_key(CONNECTION) {
+            crate::hop::connection_names(&headers).collect()
+        } else {
+            Vec::new()
+        };
+        let read = |name: &HeaderName| {
+            if named.contains(name) {
+                None
+            } else {
+                Some(headers.get_all(name).iter())
+            }
+        };
+        // The upstream gets its own authority as Host (written when it is chosen); the
+        // client's goes along as X-Forwarded-Host (a trusted proxy's own stays).
+        let host = read(&HOST).and_then(|mut v| v.next()).cloned();
+        let keeps_forwarded_host =
+            trusted && read(&X_FORWARDED_HOST).is_some_and(|mut v| v.next().is_some());
         // W3C trace context: the upstream call is a child of the caller's span, or the
         // first span of a new trace. A malformed traceparent is replaced, not passed on.
         let span = uuid::Uuid::new_v4().as_bytes()[..8]
             .try_into()
             .unwrap_or([1; 8]);
-        let trace = match headers
-            .get(&TRACEPARENT)
+        let trace = match read(&TRACEPARENT)
+            .and_then(|mut v| v.next())
             .and_then(|v| v.to_str().ok())
             .and_then(TraceParent::parse)
         {
@@ -145,18 +150,29 @@ impl Ctx {
             },
         };
         // A proxy may add its own line instead of extending one: every line counts,
-        // in order (untrusted lines are gone already).
-        let prior: Vec<&str> = headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
+        // in order.
+        let prior: Vec<&str> = read(&X_FORWARDED_FOR)
+            .filter(|_| trusted)
+            .into_iter()
+            .flatten()
             .filter_map(|v| v.to_str().ok())
             .collect();
         let forwarded_for = (!prior.is_empty())
             .then(|| HeaderValue::from_str(&format!("{}, {}", prior.join(", "), peer.ip)).ok())
             .flatten();
-        // The fields set below replace the client's.
+        drop(prior);
+        // One scan removes what must not go upstream and the fields set below, which
+        // replace the client's.
         crate::hop::strip_hop_by_hop_and(&mut headers, |n| {
-            *n == HOST || *n == X_REQUEST_ID || *n == TRACEPARENT || *n == X_FORWARDED_FOR
+            *n == self.tenant_header
+                || *n == self.principal_header
+                || *n == GATEWAY_TOKEN
+                || self.auth.is_credential(n)
+                || (!trusted && is_forwarding(n))
+                || *n == HOST
+                || *n == X_REQUEST_ID
+                || *n == TRACEPARENT
+                || *n == X_FORWARDED_FOR
         });
         let mut set = Vec::with_capacity(7);
         if let Some(host) = host.filter(|_| !keeps_forwarded_host) {
