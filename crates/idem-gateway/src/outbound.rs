@@ -151,8 +151,9 @@ impl Ctx {
         };
         // A proxy may add its own line instead of extending one: every line counts,
         // in order.
-        let prior: Vec<&str> = read(&X_FORWARDED_FOR)
-            .filter(|_| trusted)
+        let prior: Vec<&str> = trusted
+            .then(|| read(&X_FORWARDED_FOR))
+            .flatten()
             .into_iter()
             .flatten()
             .filter_map(|v| v.to_str().ok())
