@@ -681,18 +681,19 @@ impl GatewayConfig {
                 "tenant_header and principal_header are both {tenant:?}"
             ));
         }
+        let reserved = [
+            http::header::HOST,
+            http::header::CONTENT_LENGTH,
+            http::header::TRANSFER_ENCODING,
+            crate::ctx::X_REQUEST_ID,
+            idem_core::wire::TRACEPARENT,
+            crate::ctx::GATEWAY_TOKEN,
+            idem_http::headers::IDEMPOTENCY_KEY,
+        ];
         for name in [&tenant, &principal] {
-            let reserved = [
-                "host",
-                "content-length",
-                "transfer-encoding",
-                "x-request-id",
-                "traceparent",
-                "x-idem-gateway-token",
-                "idempotency-key",
-            ];
-            if reserved.contains(&name.as_str())
-                || crate::hop::is_hop_by_hop_name(name)
+            // Both parse: checked as header names above.
+            let header = http::HeaderName::from_bytes(name.as_bytes()).ok();
+            if header.is_some_and(|h| reserved.contains(&h) || crate::hop::is_hop_by_hop(&h))
                 || name.starts_with("x-forwarded-")
             {
                 return bad(format!(

@@ -16,12 +16,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::{Method, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::hop::strip_hop_by_hop;
+use crate::hop::{connection_names, is_hop_by_hop, strip_hop_by_hop};
 use crate::upstream::Captured;
 
 /// The most a response head (status line, headers) may take.
@@ -248,14 +248,14 @@ impl Conn {
                 }
             }
         };
-        let mut reusable = http11 && !closes(&headers);
-        let framing = framing(head_request, status, http11, &headers)?;
-        if headers.contains_key(http::header::TRANSFER_ENCODING) {
-            // A length beside a transfer coding is not the body's (RFC 9112 §6.3): it is
-            // dropped, and a connection framed two ways is not used again.
-            if headers.remove(CONTENT_LENGTH).is_some() {
-                reusable = false;
-            }
+        // `Connection: close` ends the connection after this response.
+        let mut reusable = http11 && !connection_names(&headers).any(|n| n == "close");
+        let coded = headers.contains_key(http::header::TRANSFER_ENCODING);
+        let framing = framing(head_request, status, http11, coded, &headers)?;
+        // A length beside a transfer coding is not the body's (RFC 9112 §6.3): it is
+        // dropped, and a connection framed two ways is not used again.
+        if coded && headers.remove(CONTENT_LENGTH).is_some() {
+            reusable = false;
         }
         let body = match framing {
             Framing::None => Bytes::new(),
@@ -372,7 +372,7 @@ fn encode_head(
     out.extend_from_slice(head.host.as_bytes());
     out.extend_from_slice(b"\r\n");
     let fields = headers.iter().filter(|(name, _)| {
-        !(**name == CONTENT_LENGTH || **name == http::header::HOST || is_framing(name))
+        !(**name == CONTENT_LENGTH || **name == http::header::HOST || is_hop_by_hop(name))
     });
     for (name, value) in fields.chain(set.iter().map(|(n, v)| (n, v))) {
         out.extend_from_slice(name.as_str().as_bytes());
@@ -388,14 +388,6 @@ fn encode_head(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-}
-
-/// Fields that would change how this connection frames the message.
-fn is_framing(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "transfer-encoding" | "connection" | "keep-alive" | "te" | "upgrade" | "trailer"
-    )
 }
 
 /// Decimal digits of `n` without an allocation.
@@ -471,21 +463,12 @@ fn parse_head(
     Ok(Some((status, headers, http11)))
 }
 
-/// Whether the response ends its connection (`Connection: close`).
-fn closes(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("close"))
-}
-
 /// How the body is delimited (RFC 9112 §6.3).
 fn framing(
     head_request: bool,
     status: StatusCode,
     http11: bool,
+    coded: bool,
     headers: &HeaderMap,
 ) -> Result<Framing, Failed> {
     if head_request
@@ -495,7 +478,7 @@ fn framing(
     {
         return Ok(Framing::None);
     }
-    if headers.contains_key(http::header::TRANSFER_ENCODING) {
+    if coded {
         if !http11 {
             return Err(broken("a transfer coding in an HTTP/1.0 response"));
         }
@@ -618,7 +601,7 @@ mod tests {
         assert_eq!(captured.status, StatusCode::CREATED);
         assert_eq!(&captured.body[..], b"hello");
         assert!(captured.headers.get("x-a").is_none(), "named by Connection");
-        assert!(captured.headers.get(CONNECTION).is_none());
+        assert!(captured.headers.get(http::header::CONNECTION).is_none());
         assert!(reusable);
         let seen = seen.await.unwrap();
         assert_eq!(
@@ -808,21 +791,21 @@ mod tests {
         let mut with_length = HeaderMap::new();
         with_length.insert(CONTENT_LENGTH, HeaderValue::from_static("7"));
         assert!(matches!(
-            framing(true, StatusCode::OK, true, &with_length),
+            framing(true, StatusCode::OK, true, false, &with_length),
             Ok(Framing::None)
         ));
         for s in [StatusCode::NO_CONTENT, StatusCode::NOT_MODIFIED] {
             assert!(matches!(
-                framing(false, s, true, &with_length),
+                framing(false, s, true, false, &with_length),
                 Ok(Framing::None)
             ));
         }
         assert!(matches!(
-            framing(false, StatusCode::OK, true, &with_length),
+            framing(false, StatusCode::OK, true, false, &with_length),
             Ok(Framing::Length(7))
         ));
         assert!(matches!(
-            framing(false, StatusCode::OK, true, &h),
+            framing(false, StatusCode::OK, true, false, &h),
             Ok(Framing::UntilClose)
         ));
         let host = HeaderValue::from_static("h");

@@ -42,14 +42,9 @@ pub fn strip_hop_by_hop_and(headers: &mut HeaderMap, also: impl Fn(&HeaderName) 
 
 /// Whether a header name is hop-by-hop by definition (used when storing responses).
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    is_hop_by_hop_name(name.as_str())
-}
-
-/// [`is_hop_by_hop`] for a lowercase name as text.
-pub fn is_hop_by_hop_name(name: &str) -> bool {
     // Compared as text: building the nine names to compare with costs more than this.
     matches!(
-        name,
+        name.as_str(),
         "connection"
             | "keep-alive"
             | "proxy-connection"

@@ -161,7 +161,6 @@ impl Ctx {
         let forwarded_for = (!prior.is_empty())
             .then(|| HeaderValue::from_str(&format!("{}, {}", prior.join(", "), peer.ip)).ok())
             .flatten();
-        drop(prior);
         // One scan removes what must not go upstream and the fields set below, which
         // replace the client's.
         crate::hop::strip_hop_by_hop_and(&mut headers, |n| {

@@ -107,10 +107,14 @@ impl Pool {
         }
     }
 
+    fn conns(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// An idle connection for a buffered exchange, the most recently used open one.
     pub fn checkout_conn(&self) -> Option<Conn> {
         loop {
-            let mut conn = self.conns.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            let mut conn = self.conns().pop()?;
             if conn.is_idle_open() {
                 return Some(conn);
             }
@@ -119,7 +123,7 @@ impl Pool {
 
     /// Returns a connection whose last exchange ended cleanly.
     pub fn checkin_conn(&self, conn: Conn) {
-        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let mut conns = self.conns();
         if conns.len() < self.max_idle {
             conns.push(conn);
         }
