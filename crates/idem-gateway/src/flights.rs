@@ -6,10 +6,10 @@
 //! is [`crate::keyed`]'s.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use hashbrown::HashTable;
 use idem_core::TenantId;
 use idem_http::pipeline;
 
@@ -20,7 +20,15 @@ use crate::upstream::Captured;
 /// lock.
 const SHARDS: usize = 16;
 
-type Counts = HashMap<TenantId, usize>;
+/// A partition's count, with its tenant's hash (computed once per arrival).
+#[derive(Debug)]
+struct Count {
+    tenant: TenantId,
+    hash: u64,
+    n: usize,
+}
+
+type Counts = HashTable<Count>;
 
 /// Keys each partition has executing on this instance, bounded per partition so one
 /// caller cannot hold every execution slot.
@@ -34,7 +42,7 @@ pub(crate) struct InProgress {
 /// One execution's slot; frees it when dropped.
 pub(crate) struct Slot {
     owner: Arc<InProgress>,
-    shard: usize,
+    hash: u64,
     tenant: TenantId,
 }
 
@@ -47,23 +55,32 @@ impl InProgress {
         }
     }
 
-    fn counts(&self, shard: usize) -> MutexGuard<'_, Counts> {
+    /// The shard of a tenant's hash, from bits the table's bucket index does not use.
+    fn counts(&self, hash: u64) -> MutexGuard<'_, Counts> {
+        let shard = ((hash >> 32) as usize) % self.shards.len();
         // Every update is a single insert or remove: a poisoned map is still consistent.
         self.shards[shard].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A slot for `tenant`, unless it has every slot of its partition in use.
     pub fn enter(self: &Arc<Self>, tenant: &TenantId) -> Option<Slot> {
-        let shard = (self.hasher.hash_one(tenant) as usize) % self.shards.len();
-        let mut counts = self.counts(shard);
-        let n = counts.entry(tenant.clone()).or_default();
-        if *n >= self.per_partition {
+        let hash = self.hasher.hash_one(tenant);
+        let mut counts = self.counts(hash);
+        let count = counts
+            .entry(hash, |c| c.tenant == *tenant, |c| c.hash)
+            .or_insert_with(|| Count {
+                tenant: tenant.clone(),
+                hash,
+                n: 0,
+            })
+            .into_mut();
+        if count.n >= self.per_partition {
             return None;
         }
-        *n += 1;
+        count.n += 1;
         Some(Slot {
             owner: self.clone(),
-            shard,
+            hash,
             tenant: tenant.clone(),
         })
     }
@@ -71,11 +88,11 @@ impl InProgress {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut counts = self.owner.counts(self.shard);
-        if let Some(n) = counts.get_mut(&self.tenant) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.tenant);
+        let mut counts = self.owner.counts(self.hash);
+        if let Ok(mut count) = counts.find_entry(self.hash, |c| c.tenant == self.tenant) {
+            count.get_mut().n -= 1;
+            if count.get().n == 0 {
+                count.remove();
             }
         }
     }

@@ -46,7 +46,7 @@ use http::header::HeaderValue;
 use http::Response;
 use idem_core::{ClaimRequest, StoreError};
 use idem_http::headers::IDEMPOTENT_REPLAYED;
-use idem_http::pipeline::{Answer, Detached, Joined, Lead, NotFinished};
+use idem_http::pipeline::{Answer, Detached, Done, Joined, Lead, NotFinished};
 
 use crate::body::Body;
 use crate::ctx::{client_request_id, request_id, Ctx};
@@ -83,7 +83,7 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest, outbound: Outbound)
                     .retry_after(Duration::from_secs(1)),
                 ));
                 return match follower.outcome().await {
-                    Some(outcome) => respond(&ctx, &outcome, false),
+                    Some(outcome) => respond(&ctx, outcome, false),
                     None => ctx.problem(Problem::new(
                         ProblemKind::ExecutionFailed,
                         "the gateway's execution of this key ended unexpectedly; retry with the same key",
@@ -117,7 +117,7 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest, outbound: Outbound)
         }
     }
     match follower.outcome().await {
-        Some(outcome) => respond(&ctx, &outcome, !leader),
+        Some(outcome) => respond(&ctx, outcome, !leader),
         None => ctx.problem(Problem::new(
             ProblemKind::ExecutionFailed,
             "the gateway's execution of this key ended unexpectedly; retry with the same key",
@@ -125,33 +125,37 @@ pub(crate) async fn handle(ctx: Arc<Ctx>, req: KeyedRequest, outbound: Outbound)
     }
 }
 
-fn respond(ctx: &Ctx, outcome: &Outcome, follower: bool) -> Response<Body> {
-    match outcome {
-        Outcome::Response { captured, replayed } => {
-            let mut r = captured.to_response();
-            // Found by `idem chaos`: a follower used to get an upstream "in progress" 409
-            // marked as a replay, and a client took that for the key's final answer.
-            let retryable = matches!(
-                ctx.config
-                    .outcome_policy
-                    .classify(idem_core::Outcome::Status(captured.status.as_u16())),
-                idem_core::RecordState::FailedRetryable
-            );
-            if *replayed || follower {
-                // Another caller's request executed (or a stored copy answers): what
-                // belonged to that one exchange stays with it.
-                for h in &ctx.per_caller {
-                    r.headers_mut().remove(h);
-                }
-                if !retryable {
-                    r.headers_mut()
-                        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-                }
-            }
-            r
+/// The answer to one caller: the outcome itself when nobody else holds it (the usual
+/// lone leader), else a copy.
+fn respond(ctx: &Ctx, outcome: Done<Outcome>, follower: bool) -> Response<Body> {
+    let (mut r, replayed) = match outcome.try_into_inner() {
+        Ok(Outcome::Response { captured, replayed }) => (captured.into_response(), replayed),
+        Ok(Outcome::Problem(p)) => return ctx.problem(p),
+        Err(shared) => match &*shared {
+            Outcome::Response { captured, replayed } => (captured.to_response(), *replayed),
+            Outcome::Problem(p) => return ctx.problem(p.clone()),
+        },
+    };
+    if replayed || follower {
+        // Found by `idem chaos`: a follower used to get an upstream "in progress" 409
+        // marked as a replay, and a client took that for the key's final answer.
+        let retryable = matches!(
+            ctx.config
+                .outcome_policy
+                .classify(idem_core::Outcome::Status(r.status().as_u16())),
+            idem_core::RecordState::FailedRetryable
+        );
+        // Another caller's request executed (or a stored copy answers): what belonged
+        // to that one exchange stays with it.
+        for h in &ctx.per_caller {
+            r.headers_mut().remove(h);
         }
-        Outcome::Problem(p) => ctx.problem(p.clone()),
+        if !retryable {
+            r.headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        }
     }
+    r
 }
 
 async fn fly(

@@ -19,11 +19,14 @@
 //! source of truth.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::hash_map::RandomState;
+use std::collections::BinaryHeap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
 use idem_core::store::{lease_millis, verdict, Verdict};
 use idem_core::{
     Claim, ClaimKind, ClaimRequest, ClaimToken, ClockShift, Finish, IdempotencyStore, Millis,
@@ -83,14 +86,17 @@ fn record_bytes(r: &Record) -> usize {
 struct Entry {
     /// The map's key, shared with the expiry heap (no copy of the strings per write).
     scope: Arc<Scope>,
+    /// `scope`'s hash, and its tenant's (where its partition is found).
+    hash: u64,
+    tenant_hash: u64,
     record: Record,
     expires_at: Millis,
     /// `record_bytes(&record)`, kept so removal and rewrites need not walk the record.
     bytes: usize,
 }
 
-/// A record's expiry in the heap: earliest first, by time only.
-struct Due(Millis, Arc<Scope>);
+/// A record's expiry in the heap (with its scope's hash): earliest first, by time only.
+struct Due(Millis, Arc<Scope>, u64);
 
 impl PartialEq for Due {
     fn eq(&self, other: &Self) -> bool {
@@ -110,8 +116,9 @@ impl Ord for Due {
 }
 
 /// What one partition holds.
-#[derive(Default)]
 struct Partition {
+    tenant: TenantId,
+    hash: u64,
     bytes: usize,
     records: usize,
     /// Expiry times of its records, earliest first; may hold stale (earlier) times of
@@ -119,58 +126,81 @@ struct Partition {
     expiries: BinaryHeap<Reverse<Millis>>,
 }
 
+/// A scope's place in the window: its hash and its tenant's, computed once per call.
+#[derive(Clone, Copy)]
+struct Hashed<'a> {
+    scope: &'a Scope,
+    hash: u64,
+}
+
+/// The records, their expiries and the partitions' tallies. The tables are keyed by
+/// hashes the store computes once per call with its own keyed hasher, so a lookup
+/// after the first costs no hashing.
 #[derive(Default)]
 struct State {
-    records: HashMap<Arc<Scope>, Entry>,
+    records: HashTable<Entry>,
     /// `record_bytes` of every record held.
     bytes: usize,
     /// (deadline, scope) pairs; stale pairs (the record was rewritten with a later
     /// deadline) are skipped by the sweep.
     expiries: BinaryHeap<Due>,
-    partitions: HashMap<TenantId, Partition>,
+    partitions: HashTable<Partition>,
 }
 
 impl State {
     fn sweep(&mut self, now: Millis) {
-        while let Some(Due(at, _)) = self.expiries.peek() {
+        while let Some(Due(at, _, _)) = self.expiries.peek() {
             if *at > now {
                 break;
             }
-            let Some(Due(_, scope)) = self.expiries.pop() else {
+            let Some(Due(_, scope, hash)) = self.expiries.pop() else {
                 break;
             };
-            if self
-                .records
-                .get(&*scope)
-                .is_some_and(|e| e.expires_at <= now)
-            {
-                self.remove(&scope);
+            let at = Hashed {
+                scope: &scope,
+                hash,
+            };
+            if self.entry(at).is_some_and(|e| e.expires_at <= now) {
+                self.remove(at);
             }
         }
     }
 
-    fn remove(&mut self, scope: &Scope) {
-        let Some(gone) = self.records.remove(scope) else {
+    fn entry(&mut self, at: Hashed<'_>) -> Option<&mut Entry> {
+        self.records.find_mut(at.hash, |e| *e.scope == *at.scope)
+    }
+
+    fn partition_of(&mut self, tenant: &TenantId, hash: u64) -> Option<&mut Partition> {
+        self.partitions.find_mut(hash, |p| p.tenant == *tenant)
+    }
+
+    fn remove(&mut self, at: Hashed<'_>) {
+        let Ok(found) = self.records.find_entry(at.hash, |e| *e.scope == *at.scope) else {
             return;
         };
+        let (gone, _) = found.remove();
         self.bytes = self.bytes.saturating_sub(gone.bytes);
-        if let Some(p) = self.partitions.get_mut(&scope.tenant) {
-            p.bytes = p.bytes.saturating_sub(gone.bytes);
-            p.records = p.records.saturating_sub(1);
-            if p.records == 0 {
-                self.partitions.remove(&scope.tenant);
+        if let Ok(mut p) = self
+            .partitions
+            .find_entry(gone.tenant_hash, |p| p.tenant == gone.scope.tenant)
+        {
+            let p_mut = p.get_mut();
+            p_mut.bytes = p_mut.bytes.saturating_sub(gone.bytes);
+            p_mut.records = p_mut.records.saturating_sub(1);
+            if p_mut.records == 0 {
+                p.remove();
             }
         }
     }
 
     /// Bytes one partition holds.
-    fn partition_bytes(&self, tenant: &TenantId) -> usize {
-        self.partitions.get(tenant).map_or(0, |p| p.bytes)
+    fn partition_bytes(&mut self, tenant: &TenantId, hash: u64) -> usize {
+        self.partition_of(tenant, hash).map_or(0, |p| p.bytes)
     }
 
     /// When the earliest record of a partition expires.
-    fn partition_frees_at(&mut self, tenant: &TenantId, now: Millis) -> Option<Millis> {
-        let p = self.partitions.get_mut(tenant)?;
+    fn partition_frees_at(&mut self, tenant: &TenantId, hash: u64, now: Millis) -> Option<Millis> {
+        let p = self.partition_of(tenant, hash)?;
         while p.expiries.peek().is_some_and(|Reverse(at)| *at <= now) {
             p.expiries.pop();
         }
@@ -179,49 +209,61 @@ impl State {
 
     /// When the earliest record of the whole window expires.
     fn frees_at(&self) -> Option<Millis> {
-        self.expiries.peek().map(|Due(at, _)| *at)
+        self.expiries.peek().map(|Due(at, _, _)| *at)
     }
 
-    fn live(&mut self, scope: &Scope, now: Millis) -> Option<&mut Entry> {
-        self.records.get_mut(scope).filter(|e| e.expires_at > now)
+    fn live(&mut self, at: Hashed<'_>, now: Millis) -> Option<&mut Entry> {
+        self.entry(at).filter(|e| e.expires_at > now)
     }
 
-    /// The partition of `tenant`, made on its first record (one lookup; the tenant's
-    /// name is shared, so its clone is a count).
-    fn partition(&mut self, tenant: &TenantId) -> &mut Partition {
-        self.partitions.entry(tenant.clone()).or_default()
+    /// The partition of `tenant`, made on its first record (the tenant's name is
+    /// shared, so its clone is a count).
+    fn partition(&mut self, tenant: &TenantId, hash: u64) -> &mut Partition {
+        self.partitions
+            .entry(hash, |p| p.tenant == *tenant, |p| p.hash)
+            .or_insert_with(|| Partition {
+                tenant: tenant.clone(),
+                hash,
+                bytes: 0,
+                records: 0,
+                expiries: BinaryHeap::new(),
+            })
+            .into_mut()
     }
 
     /// Holds a record for a scope that has none (an expired one not yet swept is
-    /// replaced).
-    fn insert(&mut self, record: Record, expires_at: Millis) {
+    /// replaced). `hash` is the scope's, `tenant_hash` its tenant's.
+    fn insert(&mut self, record: Record, hash: u64, tenant_hash: u64, expires_at: Millis) {
         let scope = Arc::new(Scope::new(record.tenant.clone(), record.key.clone()));
-        self.expiries.push(Due(expires_at, scope.clone()));
+        let at = Hashed {
+            scope: &scope,
+            hash,
+        };
+        // An expired record not yet swept: its bytes leave the tallies first.
+        self.remove(at);
+        self.expiries.push(Due(expires_at, scope.clone(), hash));
         let bytes = record_bytes(&record);
         self.bytes += bytes;
-        let p = self.partition(&scope.tenant);
+        let p = self.partition(&scope.tenant, tenant_hash);
         p.bytes += bytes;
         p.records += 1;
         p.expiries.push(Reverse(expires_at));
         let entry = Entry {
-            scope: scope.clone(),
+            scope,
+            hash,
+            tenant_hash,
             record,
             expires_at,
             bytes,
         };
-        if let Some(old) = self.records.insert(scope, entry) {
-            self.bytes = self.bytes.saturating_sub(old.bytes);
-            let p = self.partition(&old.scope.tenant);
-            p.bytes = p.bytes.saturating_sub(old.bytes);
-            p.records -= 1;
-        }
+        self.records.insert_unique(hash, entry, |e| e.hash);
     }
 
-    /// Changes the record held for `scope` in place (`change` must keep its tenant and
+    /// Changes the record held for a scope in place (`change` must keep its tenant and
     /// key) and gives it a new expiry.
     fn rewrite(
         &mut self,
-        scope: &Scope,
+        at: Hashed<'_>,
         expires_at: Millis,
         change: impl FnOnce(&mut Record),
     ) -> Option<&Record> {
@@ -232,14 +274,15 @@ impl State {
             expiries,
             partitions,
         } = self;
-        let entry = records.get_mut(scope)?;
+        let entry = records.find_mut(at.hash, |e| *e.scope == *at.scope)?;
         change(&mut entry.record);
         let (old, new) = (entry.bytes, record_bytes(&entry.record));
         entry.bytes = new;
         entry.expires_at = expires_at;
-        expiries.push(Due(expires_at, entry.scope.clone()));
+        expiries.push(Due(expires_at, entry.scope.clone(), entry.hash));
         *bytes = bytes.saturating_sub(old) + new;
-        if let Some(p) = partitions.get_mut(&scope.tenant) {
+        if let Some(p) = partitions.find_mut(entry.tenant_hash, |p| p.tenant == entry.scope.tenant)
+        {
             p.bytes = p.bytes.saturating_sub(old) + new;
             p.expiries.push(Reverse(expires_at));
         }
@@ -251,6 +294,8 @@ impl State {
 #[derive(Clone)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
+    /// Keys the tables' hashes (shared by clones, like the records).
+    hasher: RandomState,
     window_ms: i64,
     limits: StoreLimits,
     clock: ClockShift,
@@ -270,6 +315,7 @@ impl MemoryStore {
     pub fn new(options: MemoryOptions) -> Self {
         Self {
             state: Arc::new(Mutex::new(State::default())),
+            hasher: RandomState::new(),
             window_ms: i64::try_from(options.window.as_millis()).unwrap_or(i64::MAX / 4),
             limits: options.limits,
             clock: options.clock,
@@ -307,6 +353,13 @@ impl MemoryStore {
         wall + self.clock.millis()
     }
 
+    fn at<'a>(&self, scope: &'a Scope) -> Hashed<'a> {
+        Hashed {
+            scope,
+            hash: self.hasher.hash_one(scope),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave a record half-written (every
         // mutation is a single insert), so a poisoned lock is still consistent.
@@ -324,11 +377,30 @@ impl IdempotencyStore for MemoryStore {
         let lease = self.limits.claim_lease(req)?;
         let now = self.now();
         let deadline = now + lease;
+        let at = self.at(&req.scope);
         let mut st = self.lock();
         st.sweep(now);
+        let expires_at = deadline + self.window_ms;
+        if let Some(entry) = st.live(at, now) {
+            let (mut r, kind) = match verdict(entry.record.clone(), req, now) {
+                Verdict::Answer(claim) => return Ok(claim),
+                Verdict::TakeOver { existing, kind } => (existing, kind),
+            };
+            r.state = RecordState::Processing;
+            r.version += 1;
+            r.attempts += 1;
+            r.owner = Some(req.owner.clone());
+            r.lease_expires_at = Some(deadline);
+            r.result = None;
+            r.completed_at = None;
+            r.updated_at = now;
+            let token = ClaimToken::of(req, r.version, deadline, r.attempts, kind);
+            st.rewrite(at, expires_at, |held| *held = r);
+            return Ok(Claim::Proceed(token));
+        }
+        // A new key: admitted while the window and the caller's share have room.
         let held = st.bytes;
-        let fresh = st.live(&req.scope, now).is_none();
-        if fresh && held >= self.max_bytes {
+        if held >= self.max_bytes {
             let frees_at = st.frees_at();
             return Err(full(
                 format!(
@@ -341,9 +413,11 @@ impl IdempotencyStore for MemoryStore {
                 now,
             ));
         }
-        let mine = st.partition_bytes(&req.scope.tenant);
-        if fresh && mine >= self.partition_bytes {
-            let frees_at = st.partition_frees_at(&req.scope.tenant, now);
+        let tenant = &req.scope.tenant;
+        let tenant_hash = self.hasher.hash_one(tenant);
+        let mine = st.partition_bytes(tenant, tenant_hash);
+        if mine >= self.partition_bytes {
+            let frees_at = st.partition_frees_at(tenant, tenant_hash, now);
             return Err(full(
                 format!(
                     "this caller's share of the window is full ({mine} of {} bytes)",
@@ -354,47 +428,27 @@ impl IdempotencyStore for MemoryStore {
                 now,
             ));
         }
-        let takeover = match st.live(&req.scope, now) {
-            None => None,
-            Some(entry) => match verdict(entry.record.clone(), req, now) {
-                Verdict::Answer(claim) => return Ok(claim),
-                Verdict::TakeOver { existing, kind } => Some((existing, kind)),
-            },
-        };
-        let expires_at = deadline + self.window_ms;
-        let Some((mut r, kind)) = takeover else {
-            let record = idem_core::store::fresh_record(req, now, deadline);
-            let token = ClaimToken::of(
-                req,
-                record.version,
-                deadline,
-                record.attempts,
-                ClaimKind::Fresh,
-            );
-            st.insert(record, expires_at);
-            return Ok(Claim::Proceed(token));
-        };
-        r.state = RecordState::Processing;
-        r.version += 1;
-        r.attempts += 1;
-        r.owner = Some(req.owner.clone());
-        r.lease_expires_at = Some(deadline);
-        r.result = None;
-        r.completed_at = None;
-        r.updated_at = now;
-        let token = ClaimToken::of(req, r.version, deadline, r.attempts, kind);
-        st.rewrite(&req.scope, expires_at, |held| *held = r);
+        let record = idem_core::store::fresh_record(req, now, deadline);
+        let token = ClaimToken::of(
+            req,
+            record.version,
+            deadline,
+            record.attempts,
+            ClaimKind::Fresh,
+        );
+        st.insert(record, at.hash, tenant_hash, expires_at);
         Ok(Claim::Proceed(token))
     }
 
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
         self.limits.check_finish(&finish)?;
         let now = self.now();
+        let at = self.at(&token.scope);
         let mut st = self.lock();
-        st.live(&token.scope, now)
+        st.live(at, now)
             .filter(|e| current(&e.record, token))
             .ok_or_else(|| StoreError::superseded(token))?;
-        let done = st.rewrite(&token.scope, now + self.window_ms, |r| {
+        let done = st.rewrite(at, now + self.window_ms, |r| {
             r.state = finish.state;
             r.version += 1;
             r.lease_expires_at = None;
@@ -412,11 +466,12 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<Millis, StoreError> {
         let now = self.now();
         let deadline = now + lease_millis(lease)?;
+        let at = self.at(&token.scope);
         let mut st = self.lock();
-        st.live(&token.scope, now)
+        st.live(at, now)
             .filter(|e| current(&e.record, token))
             .ok_or_else(|| StoreError::superseded(token))?;
-        st.rewrite(&token.scope, deadline + self.window_ms, |r| {
+        st.rewrite(at, deadline + self.window_ms, |r| {
             r.lease_expires_at = Some(deadline);
             r.updated_at = now;
         });
@@ -425,17 +480,19 @@ impl IdempotencyStore for MemoryStore {
 
     async fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let now = self.now();
+        let at = self.at(scope);
         let mut st = self.lock();
-        Ok(st.live(scope, now).map(|e| e.record.clone()))
+        Ok(st.live(at, now).map(|e| e.record.clone()))
     }
 
     async fn abandon(&self, token: &ClaimToken) -> Result<(), StoreError> {
         let now = self.now();
+        let at = self.at(&token.scope);
         let mut st = self.lock();
-        st.live(&token.scope, now)
+        st.live(at, now)
             .filter(|e| current(&e.record, token))
             .ok_or_else(|| StoreError::superseded(token))?;
-        st.remove(&token.scope);
+        st.remove(at);
         Ok(())
     }
 
@@ -669,6 +726,72 @@ mod tests {
         assert!(!store.is_full());
         assert_eq!(store.bytes(), 0);
         assert!(store.is_empty());
+    }
+
+    /// The tallies agree with the records held: the window's bytes, and each
+    /// partition's bytes and count.
+    fn assert_tallies(store: &MemoryStore) {
+        let st = store.lock();
+        let held: usize = st.records.iter().map(|e| e.bytes).sum();
+        assert_eq!(st.bytes, held);
+        for p in st.partitions.iter() {
+            let mine: Vec<_> = st
+                .records
+                .iter()
+                .filter(|e| e.scope.tenant == p.tenant)
+                .collect();
+            assert_eq!(p.records, mine.len(), "{}", p.tenant);
+            assert_eq!(p.bytes, mine.iter().map(|e| e.bytes).sum::<usize>());
+        }
+        assert!(st
+            .records
+            .iter()
+            .all(|e| st.partitions.iter().any(|p| p.tenant == e.scope.tenant)));
+    }
+
+    #[tokio::test]
+    async fn many_keys_of_many_partitions_keep_their_tallies_through_expiry() {
+        let clock = ClockShift::new();
+        let store = MemoryStore::new(MemoryOptions {
+            window: Duration::from_secs(30),
+            clock: clock.clone(),
+            ..MemoryOptions::default()
+        });
+        for n in 0..600 {
+            let r = req_of(&format!("t{}", n % 7), &format!("k{n}"));
+            let Claim::Proceed(tok) = store.claim(&r).await.unwrap() else {
+                panic!("fresh key {n}")
+            };
+            match n % 4 {
+                0 => store.abandon(&tok).await.unwrap(),
+                1 => drop(store.fail(&tok, true, None).await.unwrap()),
+                2 => {
+                    let result = StoredResult {
+                        status: 201,
+                        body: vec![b'x'; n % 300],
+                        ..StoredResult::default()
+                    };
+                    store.complete(&tok, result).await.unwrap();
+                }
+                _ => {}
+            }
+            if n % 50 == 49 {
+                clock.advance(Duration::from_secs(7));
+                assert_tallies(&store);
+            }
+        }
+        // Keys finished a while ago replay or retry; the newest are still held.
+        assert!(matches!(
+            store.claim(&req_of("t2", "k590")).await.unwrap(),
+            Claim::Replay(_)
+        ));
+        assert_tallies(&store);
+        clock.advance(Duration::from_secs(120));
+        assert!(!store.is_full());
+        assert_tallies(&store);
+        assert_eq!(store.bytes(), 0);
+        assert!(store.is_empty());
+        assert!(store.lock().partitions.is_empty());
     }
 
     #[tokio::test]

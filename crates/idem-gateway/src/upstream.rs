@@ -134,9 +134,18 @@ impl Captured {
     }
 
     pub fn to_response(&self) -> Response<Body> {
-        let mut r = Response::new(full(self.body.clone()));
+        Self {
+            status: self.status,
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+        }
+        .into_response()
+    }
+
+    pub fn into_response(self) -> Response<Body> {
+        let mut r = Response::new(full(self.body));
         *r.status_mut() = self.status;
-        *r.headers_mut() = self.headers.clone();
+        *r.headers_mut() = self.headers;
         r
     }
 }

@@ -46,7 +46,8 @@ pub async fn claim(
     cut_off: &Executions,
 ) -> Result<Claimed, StoreError> {
     let mut waiting: Option<(Instant, Box<dyn Waiter>)> = None;
-    let mut cancelled = std::pin::pin!(cut_off.cancelled());
+    // Subscribed on first poll: only a claim that waits listens for the cut-off.
+    let mut cancelled = std::pin::pin!(async { cut_off.cancelled().await });
     loop {
         let asked = Instant::now();
         let answer = store.claim(request).await;

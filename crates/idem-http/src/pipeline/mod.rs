@@ -30,7 +30,7 @@ pub use claim::{claim, lease_left, Claimed};
 pub use detach::Detached;
 pub use executions::{under_lease, until_cut_off, Executions, Ran, Running};
 pub use finish::{ending, finish, retryable, FinishPolicy, FinishedBy, NotFinished, TooLarge};
-pub use flights::{Flights, Follower, Joined, Lead};
+pub use flights::{Done, Flights, Follower, Joined, Lead};
 pub use request::{OwnerIds, Refusal};
 pub use run::{Ending, Execution, Lease, Pipeline, Settled};
 pub use wakeups::{LocalWakeups, Waiter, Wakeups};
