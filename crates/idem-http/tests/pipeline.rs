@@ -261,3 +261,81 @@ async fn under_lease_renews_and_a_cut_off_drops_the_work() {
     assert!(matches!(ran, Ran::CutOff));
     assert!(!polled.load(Ordering::SeqCst), "no work after the cut-off");
 }
+
+/// A store that keeps results of at most `max` bytes.
+async fn store_keeping(max: usize) -> (tempfile::TempDir, Arc<SqliteStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = idem_sqlite::SqliteOptions::new(dir.path().join("idem.db"));
+    options.limits = idem_core::StoreLimits::with_max_result_bytes(max);
+    (dir, Arc::new(SqliteStore::open(options).await.unwrap()))
+}
+
+fn stored(body: usize) -> idem_core::StoredResult {
+    idem_core::StoredResult {
+        status: 201,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: vec![b'x'; body],
+        result_ref: None,
+    }
+}
+
+/// Claims `key` and finishes it with a `body`-byte result under `policy`; the record
+/// written, as the store holds it.
+async fn finish_with(
+    store: &SqliteStore,
+    tenant: &idem_core::TenantId,
+    key: &str,
+    body: usize,
+    policy: pipeline::FinishPolicy,
+) -> Record {
+    let req = request(tenant, key, "p", "a");
+    let Claim::Proceed(token) = store.claim(&req).await.unwrap() else {
+        panic!("{key}: a fresh claim proceeds")
+    };
+    let end = Finish {
+        state: idem_core::RecordState::Succeeded,
+        result: Some(stored(body)),
+    };
+    let (record, by) = pipeline::finish(store, &token, end, policy)
+        .await
+        .unwrap_or_else(|e| panic!("{key}: {e:?}"));
+    assert_eq!(by, pipeline::FinishedBy::Pipeline, "{key}");
+    assert_eq!(store.get(&req.scope).await.unwrap().as_ref(), Some(&record));
+    record
+}
+
+#[tokio::test]
+async fn a_result_the_store_refuses_is_forgotten_or_kept_without_its_body() {
+    use idem_core::RecordState;
+    use pipeline::{FinishPolicy, TooLarge};
+
+    let (_dir, store) = store_keeping(256).await;
+    let tenant = fresh_tenant();
+    // The gateway's policy (one attempt, a refused result forgotten): a result that
+    // fits is kept whole, one that does not leaves the key open for a retry.
+    let gateway = FinishPolicy {
+        attempts: 1,
+        too_large: TooLarge::Forget,
+    };
+    let kept = finish_with(&store, &tenant, "fits", 16, gateway).await;
+    assert_eq!(kept.state, RecordState::Succeeded);
+    assert_eq!(kept.result, Some(stored(16)));
+    let forgotten = finish_with(&store, &tenant, "forgotten", 1000, gateway).await;
+    assert_eq!(forgotten.state, RecordState::FailedRetryable);
+    assert_eq!(forgotten.result, None);
+    // The layer's policy: status and headers kept, the body left out and said so.
+    let layer = FinishPolicy {
+        attempts: 6,
+        too_large: TooLarge::OmitBody,
+    };
+    let omitted = finish_with(&store, &tenant, "omitted", 1000, layer).await;
+    assert_eq!(omitted.state, RecordState::Succeeded);
+    let omitted = omitted.result.expect("kept without its body");
+    assert_eq!(omitted.status, 201);
+    assert!(omitted.body.is_empty());
+    assert!(omitted
+        .headers
+        .iter()
+        .any(|(n, v)| n == "idempotent-body-omitted" && v == "true"));
+    assert!(omitted.headers.iter().any(|(n, _)| n == "content-type"));
+}

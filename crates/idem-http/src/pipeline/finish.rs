@@ -92,7 +92,18 @@ pub async fn finish(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let error = match store.finish(token, finish.clone()).await {
+        // Kept only where a failure could send it again: a retry while the store is
+        // unavailable, or the same result without its body. Otherwise it is moved (the
+        // gateway's finish, one attempt that forgets a refused result, copies nothing).
+        let had_result = finish.result.is_some();
+        let sent = if attempt < policy.attempts
+            || (had_result && policy.too_large == TooLarge::OmitBody)
+        {
+            finish.clone()
+        } else {
+            std::mem::replace(&mut finish, retryable())
+        };
+        let error = match store.finish(token, sent).await {
             Ok(record) => return Ok((record, FinishedBy::Pipeline)),
             Err(e) => e,
         };
@@ -112,7 +123,7 @@ pub async fn finish(
             }
             // The layer keeps status and headers only for a body too large; the gateway
             // forgets any result its window refuses (the upstream still has it).
-            e if finish.result.is_some()
+            e if had_result
                 && (matches!(e, StoreError::ResultTooLarge { .. })
                     || (policy.too_large == TooLarge::Forget
                         && e.kind() == ErrorKind::InvalidInput)) =>
