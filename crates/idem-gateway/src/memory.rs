@@ -126,7 +126,7 @@ struct Partition {
     expiries: BinaryHeap<Reverse<Millis>>,
 }
 
-/// A scope's place in the window: its hash and its tenant's, computed once per call.
+/// A scope with its hash, computed once per call (its tenant's is kept by its entry).
 #[derive(Clone, Copy)]
 struct Hashed<'a> {
     scope: &'a Scope,
