@@ -194,8 +194,10 @@ impl State {
     }
 
     /// Bytes one partition holds.
-    fn partition_bytes(&mut self, tenant: &TenantId, hash: u64) -> usize {
-        self.partition_of(tenant, hash).map_or(0, |p| p.bytes)
+    fn partition_bytes(&self, tenant: &TenantId, hash: u64) -> usize {
+        self.partitions
+            .find(hash, |p| p.tenant == *tenant)
+            .map_or(0, |p| p.bytes)
     }
 
     /// When the earliest record of a partition expires.
