@@ -6,8 +6,11 @@
 //! single-threaded runtime on a thread of their own; nginx runs as one process
 //! (`master_process off`), so both proxies are one event loop on one thread. Load comes from this process: `concurrency` keep-alive
 //! HTTP/1.1 connections, each sending requests back to back for `phase` time. Targets
-//! alternate within each round (direct, nginx, gateway) so drift in the machine's load
-//! hits all of them alike. Scenarios: key-less pass-through (`GET /ping`), keyed writes
+//! alternate within each round (direct, nginx, gateway), each round starting one target
+//! further on, so drift in the machine's load hits all of them alike; three rounds put
+//! every target in every place once. Before each phase that is not a hot-key replay, the
+//! upstream forgets the keys it has seen: its CPU per write doubles over a few hundred
+//! thousand keys, which would otherwise fall on the target measured last. Scenarios: key-less pass-through (`GET /ping`), keyed writes
 //! with fresh keys (`POST /v1/orders`), and hot keys: every connection repeats a few keys
 //! whose first request was executed before the phase, so the gateway answers replays
 //! from its window while nginx passes the same requests to the upstream.
@@ -42,7 +45,8 @@ pub use crate::client::{BenchError, TargetResult};
 pub struct BenchOptions {
     /// Length of one measured phase (one target, one scenario, one round), in ms.
     pub phase_ms: u64,
-    /// Rounds of (direct, nginx, gateway) per scenario.
+    /// Rounds of (direct, nginx, gateway) per scenario, each starting one target further
+    /// on.
     pub rounds: usize,
     /// Concurrent keep-alive connections of the load generator.
     pub concurrency: usize,
@@ -68,7 +72,7 @@ impl Default for BenchOptions {
     fn default() -> Self {
         Self {
             phase_ms: 2_000,
-            rounds: 2,
+            rounds: 3,
             concurrency: 32,
             storm: 1_000,
             storm_connections: 1_000,
@@ -282,7 +286,7 @@ pub(crate) fn pass_request(addr: SocketAddr) -> Request<Full<Bytes>> {
     ScenarioKind::PassThrough.request(addr, "")
 }
 
-/// Runs the benchmark. Bounded in time: about `2 scenarios x rounds x 3 targets x phase`
+/// Runs the benchmark. Bounded in time: about `scenarios x rounds x 3 targets x phase`
 /// plus the storm and setup.
 pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
     let phase = Duration::from_millis(options.phase_ms.max(100));
@@ -369,6 +373,9 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
     .filter(|k| options.scenarios.iter().any(|s| s == k.slug()));
     let hot_keys = options.hot_keys.max(1);
     for scenario in chosen {
+        // Every phase meets the upstream as it started, so none pays for the keys an
+        // earlier phase left there; hot keys are seeded after this and kept.
+        upstream_state.forget();
         if let ScenarioKind::HotReplay = scenario {
             // Each hot key's first request executes before the phases: what follows is
             // replays (at the gateway) or the upstream's own answers (direct, nginx).
@@ -403,10 +410,16 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
             .collect();
         let mut gateway_saturation = None;
         for round in 0..options.rounds.max(1) {
-            for (i, (name, addr, proxy_clock)) in targets.iter().enumerate() {
+            // Each round starts one target further on, so no target always runs last.
+            for k in 0..targets.len() {
+                let i = (k + round) % targets.len();
+                let (name, addr, proxy_clock) = &targets[i];
                 let prefix = match scenario {
                     ScenarioKind::HotReplay => format!("{run_id}-hot-{name}"),
-                    _ => format!("{run_id}-{}-{name}-{round}", scenario.slug()),
+                    _ => {
+                        upstream_state.forget();
+                        format!("{run_id}-{}-{name}-{round}", scenario.slug())
+                    }
                 };
                 let meter = Meter::start();
                 let proxy_before = proxy_clock.as_ref().and_then(CpuClock::read);

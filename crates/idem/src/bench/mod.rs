@@ -102,8 +102,9 @@ enum BenchCommand {
         /// Scenarios: pass (key-less), keyed (fresh keys), hot (replays of hot keys).
         #[arg(long, value_delimiter = ',', default_values_t = ["pass".to_string(), "keyed".to_string(), "hot".to_string()])]
         scenarios: Vec<String>,
-        /// Rounds of (direct, nginx, gateway) per scenario.
-        #[arg(long, default_value_t = 2)]
+        /// Rounds of (direct, nginx, gateway) per scenario, each starting one target
+        /// further on (three put every target in every place once).
+        #[arg(long, default_value_t = 3)]
         rounds: usize,
         /// Milliseconds per target per round.
         #[arg(long, default_value_t = 2_000)]
