@@ -91,10 +91,11 @@ pub struct HttpBenchReport {
     pub timeline_written: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline_dropped: Option<u64>,
-    /// Layer with fresh keys ÷ the store's own claim+complete rate.
+    /// Layer with fresh keys ÷ the store's own claim+complete rate: how much of the
+    /// store's rate the layer passes on. Informational; the bars are on the two `_bound`
+    /// ratios below, which count the app's cost too.
     pub fresh_vs_store: f64,
-    /// The bar `fresh_vs_store` should reach.
-    pub fresh_vs_store_target: f64,
+    /// Both `_bound` ratios reach their bars.
     pub meets_target: bool,
     /// Layer with fresh keys ÷ `1/(1/plain + 1/store_claim_complete)`: what is left of
     /// the cost of the app and the store added together.
@@ -498,7 +499,8 @@ async fn measure(
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let fresh = rate("layer_fresh_keys");
     let fresh_vs_store = ratio(fresh, rate("store_claim_complete"));
-    const TARGET: f64 = 0.8;
+    const FRESH_TARGET: f64 = 0.7;
+    const REPLAY_TARGET: f64 = 0.8;
     // Requests per second when each request costs the app's and the store's time.
     let bound = |store: f64| {
         let plain = rate("plain");
@@ -527,12 +529,11 @@ async fn measure(
         timeline_written: None,
         timeline_dropped: None,
         fresh_vs_store,
-        fresh_vs_store_target: TARGET,
-        meets_target: fresh_vs_store >= TARGET,
+        meets_target: fresh_vs_bound >= FRESH_TARGET && replay_vs_bound >= REPLAY_TARGET,
         fresh_vs_bound,
-        fresh_vs_bound_target: 0.7,
+        fresh_vs_bound_target: FRESH_TARGET,
         replay_vs_bound,
-        replay_vs_bound_target: 0.8,
+        replay_vs_bound_target: REPLAY_TARGET,
         phases,
         saturation,
     })

@@ -43,6 +43,16 @@ async fn http_bench_smoke() {
     }
     assert!(report.fresh_vs_plain > 0.0 && report.replay_vs_plain > 0.0);
     assert!(report.fresh_vs_store > 0.0);
+    // The verdict is the two bounds' bars, not the store-only ratio.
+    assert_eq!(
+        report.meets_target,
+        report.fresh_vs_bound >= report.fresh_vs_bound_target
+            && report.replay_vs_bound >= report.replay_vs_bound_target
+    );
+    assert_eq!(
+        (report.fresh_vs_bound_target, report.replay_vs_bound_target),
+        (0.7, 0.8)
+    );
     assert_eq!(report.backend, "sqlite");
     // Says what it was limited by, from the kernel's counters.
     assert!(
