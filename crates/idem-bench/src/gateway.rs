@@ -4,16 +4,17 @@
 //!
 //! Setup: the stand-in upstream ([`idem_stub`]) and the gateway each run on a
 //! single-threaded runtime on a thread of their own; nginx runs as one process
-//! (`master_process off`), so both proxies are one event loop on one thread. Load comes from this process: `concurrency` keep-alive
-//! HTTP/1.1 connections, each sending requests back to back for `phase` time. Targets
-//! alternate within each round (direct, nginx, gateway), each round starting one target
-//! further on, so drift in the machine's load hits all of them alike; three rounds put
-//! every target in every place once. Before each phase that is not a hot-key replay, the
-//! upstream forgets the keys it has seen: its CPU per write doubles over a few hundred
-//! thousand keys, which would otherwise fall on the target measured last. Scenarios: key-less pass-through (`GET /ping`), keyed writes
-//! with fresh keys (`POST /v1/orders`), and hot keys: every connection repeats a few keys
-//! whose first request was executed before the phase, so the gateway answers replays
-//! from its window while nginx passes the same requests to the upstream.
+//! (`master_process off`), so both proxies are one event loop on one thread. Load comes
+//! from this process: `concurrency` keep-alive HTTP/1.1 connections, each sending requests
+//! back to back for `phase` time. Targets alternate within each round (direct, nginx,
+//! gateway), each round starting one target further on, so drift in the machine's load
+//! hits all of them alike; three rounds put every target in every place once. Before each
+//! phase that is not a hot-key replay, the upstream forgets the keys it has seen: its CPU
+//! per write doubles over a few hundred thousand keys, which would otherwise fall on the
+//! target measured last. Scenarios: key-less pass-through (`GET /ping`), keyed writes with
+//! fresh keys (`POST /v1/orders`), and hot keys: every connection repeats a few keys whose
+//! first request was executed before the phase, so the gateway answers replays from its
+//! window while nginx passes the same requests to the upstream.
 //!
 //! nginx: `options.nginx`, else `/usr/sbin/nginx` or `nginx` on `PATH`. The bench never
 //! installs it: when there is none the report says so (text and JSON) and the nginx
