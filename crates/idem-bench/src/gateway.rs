@@ -374,12 +374,11 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
     .filter(|k| options.scenarios.iter().any(|s| s == k.slug()));
     let hot_keys = options.hot_keys.max(1);
     for scenario in chosen {
-        // Every phase meets the upstream as it started, so none pays for the keys an
-        // earlier phase left there; hot keys are seeded after this and kept.
-        upstream_state.forget();
         if let ScenarioKind::HotReplay = scenario {
             // Each hot key's first request executes before the phases: what follows is
             // replays (at the gateway) or the upstream's own answers (direct, nginx).
+            // The upstream starts them empty and keeps them through the phases.
+            upstream_state.forget();
             for (name, addr, _) in &targets {
                 let mut conn = connect(*addr)
                     .await
@@ -418,6 +417,8 @@ pub async fn bench(options: BenchOptions) -> Result<BenchReport, BenchError> {
                 let prefix = match scenario {
                     ScenarioKind::HotReplay => format!("{run_id}-hot-{name}"),
                     _ => {
+                        // Every other phase meets the upstream as it started, so none
+                        // pays for the keys an earlier phase left there.
                         upstream_state.forget();
                         format!("{run_id}-{}-{name}-{round}", scenario.slug())
                     }
