@@ -428,6 +428,57 @@ pub async fn terminal_failure_replays(h: &dyn Harness) {
     }
 }
 
+/// A quiet finish writes what a finish writes, refuses what it refuses, and a stale
+/// token's is superseded like any other write.
+pub async fn quiet_finish_writes_what_finish_writes(h: &dyn Harness) {
+    let store = h.open().await;
+    let t = fresh_tenant();
+    let loud = request(&t, "loud", "p", "a");
+    let quiet = request(&t, "quiet", "p", "a");
+    let loud_tok = expect_proceed(store.claim(&loud).await.unwrap());
+    let quiet_tok = expect_proceed(store.claim(&quiet).await.unwrap());
+    let done = |body: &str| idem_core::Finish {
+        state: RecordState::Succeeded,
+        result: Some(result(body)),
+    };
+    let written = store.finish(&loud_tok, done("same")).await.unwrap();
+    let before = store.get(&quiet.scope).await.unwrap().unwrap();
+    let mut big = result("x");
+    big.body = vec![b'x'; h.max_result_bytes() + 1];
+    let too_big = idem_core::Finish {
+        state: RecordState::Succeeded,
+        result: Some(big),
+    };
+    let err = store.finish_quiet(&quiet_tok, too_big).await.unwrap_err();
+    assert!(
+        matches!(err, idem_core::StoreError::ResultTooLarge { .. }),
+        "{err:?}"
+    );
+    assert_eq!(store.get(&quiet.scope).await.unwrap().unwrap(), before);
+    store.finish_quiet(&quiet_tok, done("same")).await.unwrap();
+    let held = store.get(&quiet.scope).await.unwrap().unwrap();
+    assert_eq!(held.state, written.state);
+    assert_eq!(held.result, written.result);
+    assert_eq!(
+        held.version - quiet_tok.version,
+        written.version - loud_tok.version
+    );
+    assert_eq!(held.owner.as_ref(), Some(&quiet.owner));
+    assert_eq!(held.lease_expires_at, None);
+    assert!(held.completed_at.is_some());
+    // Finished once: the same token again is a stale write, and the record stays.
+    let err = store
+        .finish_quiet(&quiet_tok, done("other"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    assert_eq!(store.get(&quiet.scope).await.unwrap().unwrap(), held);
+    match store.claim(&request(&t, "quiet", "p", "b")).await.unwrap() {
+        Claim::Replay(r) => assert_eq!(r.result, Some(result("same"))),
+        other => panic!("expected replay, got {other:?}"),
+    }
+}
+
 /// An abandoned claim leaves the key free and holds no result; a stale token cannot
 /// abandon the claim that took the key over.
 pub async fn abandoned_claim_frees_the_key(h: &dyn Harness) {
@@ -552,6 +603,7 @@ macro_rules! store_tests {
         $crate::store_tests!(@one $open, extend_lease_keeps_ownership, |h| $crate::extend_lease_keeps_ownership(h));
         $crate::store_tests!(@one $open, retryable_failure_one_winner_16, |h| $crate::retryable_failure_one_winner(h, 16));
         $crate::store_tests!(@one $open, terminal_failure_replays, |h| $crate::terminal_failure_replays(h));
+        $crate::store_tests!(@one $open, quiet_finish_writes_what_finish_writes, |h| $crate::quiet_finish_writes_what_finish_writes(h));
         $crate::store_tests!(@one $open, abandoned_claim_frees_the_key, |h| $crate::abandoned_claim_frees_the_key(h));
         $crate::store_tests!(@one $open, survives_reopen, |h| $crate::survives_reopen(h));
         $crate::store_tests!(@one $open, bad_input_writes_nothing, |h| $crate::bad_input_writes_nothing(h));

@@ -400,6 +400,13 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Ends a claim: compare-and-set on version and owner.
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError>;
 
+    /// Ends a claim like [`finish`](Self::finish) for a caller that does not read the
+    /// record back, so a store need not build it (the gateway's window keeps the result
+    /// and would otherwise copy it once more, to be dropped).
+    async fn finish_quiet(&self, token: &ClaimToken, finish: Finish) -> Result<(), StoreError> {
+        self.finish(token, finish).await.map(drop)
+    }
+
     /// Heartbeat: pushes the lease deadline to store-now + `lease`. Returns the new deadline.
     async fn extend_lease(&self, token: &ClaimToken, lease: Duration)
         -> Result<Millis, StoreError>;

@@ -200,6 +200,7 @@ impl Ctx {
             finish: FinishPolicy {
                 attempts: 1,
                 too_large: TooLarge::Forget,
+                read_back: false,
             },
         }
     }

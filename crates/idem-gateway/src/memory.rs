@@ -360,6 +360,41 @@ impl MemoryStore {
         wall + self.clock.millis()
     }
 
+    /// Finishes the claim and hands `read` the record written.
+    fn finish_with<T>(
+        &self,
+        token: &ClaimToken,
+        finish: Finish,
+        read: impl FnOnce(&Record) -> T,
+    ) -> Result<T, StoreError> {
+        self.limits.check_finish(&finish)?;
+        let (mut st, at, now) = self.holding(token)?;
+        let done = st.rewrite(at, now + self.window_ms, |r| {
+            r.state = finish.state;
+            r.version += 1;
+            r.lease_expires_at = None;
+            r.result = finish.result;
+            r.updated_at = now;
+            r.completed_at = finish.state.is_terminal().then_some(now);
+        });
+        Ok(read(done.expect("checked live above")))
+    }
+
+    /// The locked state, where `token`'s claim is still the live record of its scope
+    /// (else superseded), with the scope's place and the store's time.
+    fn holding<'t>(
+        &self,
+        token: &'t ClaimToken,
+    ) -> Result<(std::sync::MutexGuard<'_, State>, Hashed<'t>, Millis), StoreError> {
+        let now = self.now();
+        let at = self.at(&token.scope);
+        let mut st = self.lock();
+        st.live(at, now)
+            .filter(|e| current(&e.record, token))
+            .ok_or_else(|| StoreError::superseded(token))?;
+        Ok((st, at, now))
+    }
+
     fn at<'a>(&self, scope: &'a Scope) -> Hashed<'a> {
         Hashed {
             scope,
@@ -448,22 +483,11 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
-        self.limits.check_finish(&finish)?;
-        let now = self.now();
-        let at = self.at(&token.scope);
-        let mut st = self.lock();
-        st.live(at, now)
-            .filter(|e| current(&e.record, token))
-            .ok_or_else(|| StoreError::superseded(token))?;
-        let done = st.rewrite(at, now + self.window_ms, |r| {
-            r.state = finish.state;
-            r.version += 1;
-            r.lease_expires_at = None;
-            r.result = finish.result;
-            r.updated_at = now;
-            r.completed_at = finish.state.is_terminal().then_some(now);
-        });
-        Ok(done.expect("checked live above").clone())
+        self.finish_with(token, finish, Record::clone)
+    }
+
+    async fn finish_quiet(&self, token: &ClaimToken, finish: Finish) -> Result<(), StoreError> {
+        self.finish_with(token, finish, |_| ())
     }
 
     async fn extend_lease(
@@ -471,13 +495,9 @@ impl IdempotencyStore for MemoryStore {
         token: &ClaimToken,
         lease: Duration,
     ) -> Result<Millis, StoreError> {
-        let now = self.now();
-        let deadline = now + lease_millis(lease)?;
-        let at = self.at(&token.scope);
-        let mut st = self.lock();
-        st.live(at, now)
-            .filter(|e| current(&e.record, token))
-            .ok_or_else(|| StoreError::superseded(token))?;
+        let lease = lease_millis(lease)?;
+        let (mut st, at, now) = self.holding(token)?;
+        let deadline = now + lease;
         st.rewrite(at, deadline + self.window_ms, |r| {
             r.lease_expires_at = Some(deadline);
             r.updated_at = now;
@@ -493,12 +513,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn abandon(&self, token: &ClaimToken) -> Result<(), StoreError> {
-        let now = self.now();
-        let at = self.at(&token.scope);
-        let mut st = self.lock();
-        st.live(at, now)
-            .filter(|e| current(&e.record, token))
-            .ok_or_else(|| StoreError::superseded(token))?;
+        let (mut st, at, _) = self.holding(token)?;
         st.remove(at);
         Ok(())
     }

@@ -173,6 +173,12 @@ impl IdempotencyStore for Window {
         res
     }
 
+    async fn finish_quiet(&self, token: &ClaimToken, finish: Finish) -> Result<(), StoreError> {
+        let res = self.store.finish_quiet(token, finish).await;
+        self.note(&res);
+        res
+    }
+
     async fn extend_lease(
         &self,
         token: &ClaimToken,
@@ -235,6 +241,10 @@ impl IdempotencyStore for LazyRedisStore {
 
     async fn finish(&self, token: &ClaimToken, finish: Finish) -> Result<Record, StoreError> {
         self.connected().await?.finish(token, finish).await
+    }
+
+    async fn finish_quiet(&self, token: &ClaimToken, finish: Finish) -> Result<(), StoreError> {
+        self.connected().await?.finish_quiet(token, finish).await
     }
 
     async fn extend_lease(

@@ -50,6 +50,7 @@ impl Shared {
             finish: FinishPolicy {
                 attempts: 6,
                 too_large: TooLarge::OmitBody,
+                read_back: true,
             },
         }
     }

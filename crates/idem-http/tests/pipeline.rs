@@ -296,11 +296,19 @@ async fn finish_with(
         state: idem_core::RecordState::Succeeded,
         result: Some(stored(body)),
     };
-    let (record, by) = pipeline::finish(store, &token, end, policy)
+    let (read, by) = pipeline::finish(store, &token, end, policy)
         .await
         .unwrap_or_else(|e| panic!("{key}: {e:?}"));
     assert_eq!(by, pipeline::FinishedBy::Pipeline, "{key}");
-    assert_eq!(store.get(&req.scope).await.unwrap().as_ref(), Some(&record));
+    let record = store.get(&req.scope).await.unwrap().expect("the record");
+    // Handed back exactly when the policy reads it.
+    match read {
+        Some(read) => {
+            assert!(policy.read_back, "{key}");
+            assert_eq!(read, record, "{key}");
+        }
+        None => assert!(!policy.read_back, "{key}"),
+    }
     record
 }
 
@@ -316,6 +324,7 @@ async fn a_result_the_store_refuses_is_forgotten_or_kept_without_its_body() {
     let gateway = FinishPolicy {
         attempts: 1,
         too_large: TooLarge::Forget,
+        read_back: false,
     };
     let kept = finish_with(&store, &tenant, "fits", 16, gateway).await;
     assert_eq!(kept.state, RecordState::Succeeded);
@@ -327,6 +336,7 @@ async fn a_result_the_store_refuses_is_forgotten_or_kept_without_its_body() {
     let layer = FinishPolicy {
         attempts: 6,
         too_large: TooLarge::OmitBody,
+        read_back: true,
     };
     let omitted = finish_with(&store, &tenant, "omitted", 1000, layer).await;
     assert_eq!(omitted.state, RecordState::Succeeded);

@@ -38,7 +38,8 @@ pub struct Answered<T> {
 #[derive(Debug)]
 pub struct Executed<T> {
     pub output: T,
-    /// The final record and who wrote it; `None` when the run withdrew its claim.
+    /// The final record and who wrote it; `None` when the run withdrew its claim, or
+    /// when the pipeline finished it and its policy does not read the record back.
     pub finished: Result<Option<(Record, FinishedBy)>, NotFinished>,
 }
 

@@ -71,6 +71,9 @@ pub struct FinishPolicy {
     /// leaves the key PROCESSING until its lease ends).
     pub attempts: u32,
     pub too_large: TooLarge,
+    /// Whether the caller reads the written record (the layer does, for its expiry and
+    /// metrics; the gateway does not, so its window is not asked for a copy).
+    pub read_back: bool,
 }
 
 /// Why [`finish`] wrote nothing.
@@ -81,13 +84,14 @@ pub enum NotFinished {
     Failed(StoreError),
 }
 
-/// Finishes the record (see [`FinishPolicy`]).
+/// Finishes the record (see [`FinishPolicy`]); the record written, unless the policy
+/// does not read it back.
 pub async fn finish(
     store: &dyn IdempotencyStore,
     token: &ClaimToken,
     mut finish: Finish,
     policy: FinishPolicy,
-) -> Result<(Record, FinishedBy), NotFinished> {
+) -> Result<(Option<Record>, FinishedBy), NotFinished> {
     let mut delay = Duration::from_millis(25);
     let mut attempt = 0;
     loop {
@@ -103,7 +107,12 @@ pub async fn finish(
         } else {
             std::mem::replace(&mut finish, retryable())
         };
-        let error = match store.finish(token, sent).await {
+        let written = if policy.read_back {
+            store.finish(token, sent).await.map(Some)
+        } else {
+            store.finish_quiet(token, sent).await.map(|()| None)
+        };
+        let error = match written {
             Ok(record) => return Ok((record, FinishedBy::Pipeline)),
             Err(e) => e,
         };
@@ -116,7 +125,7 @@ pub async fn finish(
                         if record.owner.as_ref() == Some(&token.owner)
                             && record.state != RecordState::Processing =>
                     {
-                        Ok((record, FinishedBy::Handler))
+                        Ok((Some(record), FinishedBy::Handler))
                     }
                     _ => Err(NotFinished::Lost),
                 };

@@ -127,7 +127,9 @@ impl Pipeline<'_> {
         };
         let Settled { output, ending } = execution.run(lease).await;
         let finished = match ending {
-            Ending::Finish(end) => finish(self.store, token, end, self.finish).await.map(Some),
+            Ending::Finish(end) => finish(self.store, token, end, self.finish)
+                .await
+                .map(|(record, by)| record.map(|r| (r, by))),
             Ending::Withdraw => {
                 if let Err(e) = self.store.abandon(token).await {
                     tracing::warn!(scope = %token.scope, error = %e, "withdrawing the claim failed; it frees when its lease ends");
