@@ -74,6 +74,7 @@ fn fresh(shared: &Shared, executed: Executed<Handled>) -> Response<Body> {
             shared.metrics.execution(outcome, by);
             with_expiry(shared, response, &record)
         }
+        // Withdrawn: the layer's policy reads every record it finishes back.
         Ok(None) => response,
         Err(NotFinished::Lost) => {
             tracing::warn!("claim lost before it was finished");

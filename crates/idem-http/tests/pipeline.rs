@@ -301,7 +301,7 @@ async fn finish_with(
         .unwrap_or_else(|e| panic!("{key}: {e:?}"));
     assert_eq!(by, pipeline::FinishedBy::Pipeline, "{key}");
     let record = store.get(&req.scope).await.unwrap().expect("the record");
-    // Handed back exactly when the policy reads it.
+    // Written by the pipeline: handed back exactly when the policy reads it.
     match read {
         Some(read) => {
             assert!(policy.read_back, "{key}");

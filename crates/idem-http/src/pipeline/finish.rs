@@ -85,7 +85,7 @@ pub enum NotFinished {
 }
 
 /// Finishes the record (see [`FinishPolicy`]); the record written, unless the policy
-/// does not read it back.
+/// does not read it back (a record the handler finished itself is always read).
 pub async fn finish(
     store: &dyn IdempotencyStore,
     token: &ClaimToken,
