@@ -2,6 +2,13 @@
 //! with the caller's builder (its request-head timeout), over TLS when the server has a
 //! certificate, watched for a graceful shutdown. Owns accepting and nothing after: how a
 //! server drains (and what it cuts off past its grace) stays with the server.
+//!
+//! While it accepts, the loop also keeps one timer ahead of every request's own
+//! ([`TIMER_ANCHOR`]): tokio's time driver wakes itself through its event fd (a `write`
+//! system call) whenever a timer is registered sooner than the wake-up it planned when it
+//! last parked, and with no timer pending it planned none, so each request's first
+//! timers (its head-read timeout, its upstream timeout, its lease heartbeat) used to pay
+//! that call even on the thread that was already awake.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -16,6 +23,13 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The period of the timer the accept loop keeps pending: shorter than the shortest
+/// per-request timer either server sets by default (the gateway's upstream connect
+/// timeout, 2 s), so the time driver's planned wake-up always comes before a new
+/// request's timers and registering them never wakes it. A shorter configured timer is
+/// only that wake-up again, never a missed one.
+pub const TIMER_ANCHOR: Duration = Duration::from_secs(1);
 
 /// TLS on a listener: the acceptor and how long a client may take over its handshake
 /// (a peer that connects and sends nothing must not hold a task forever).
@@ -47,8 +61,11 @@ where
 {
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);
+    let mut anchor = tokio::time::interval(TIMER_ANCHOR);
+    anchor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = anchor.tick() => {}
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(accepted) => accepted,
