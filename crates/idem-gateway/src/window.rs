@@ -27,8 +27,9 @@ use crate::memory::{MemoryOptions, MemoryStore};
 use crate::metrics::GatewayMetrics;
 use crate::wakeup::Wakeups;
 
-/// Header and reference slack on top of the stored body limit.
-const RESULT_OVERHEAD: usize = 64 * 1024;
+/// Header and reference slack on top of the stored body limit: the window takes results
+/// up to `max_stored_bytes` plus this.
+pub const RESULT_OVERHEAD: usize = 64 * 1024;
 
 pub struct Window {
     store: Arc<dyn IdempotencyStore>,
