@@ -27,9 +27,14 @@ use crate::memory::{MemoryOptions, MemoryStore};
 use crate::metrics::GatewayMetrics;
 use crate::wakeup::Wakeups;
 
-/// Header and reference slack on top of the stored body limit: the window takes results
-/// up to `max_stored_bytes` plus this.
-pub const RESULT_OVERHEAD: usize = 64 * 1024;
+/// Header and reference slack on top of the stored body limit.
+const RESULT_OVERHEAD: usize = 64 * 1024;
+
+/// The largest result the window a gateway with `config` opens takes: the stored body
+/// limit plus header and reference slack.
+pub fn result_limit(config: &GatewayConfig) -> usize {
+    config.max_stored_bytes + RESULT_OVERHEAD
+}
 
 pub struct Window {
     store: Arc<dyn IdempotencyStore>,
@@ -48,7 +53,7 @@ impl Window {
         instance: &str,
         metrics: Arc<GatewayMetrics>,
     ) -> Result<Self, GatewayError> {
-        let limits = StoreLimits::with_max_result_bytes(config.max_stored_bytes + RESULT_OVERHEAD);
+        let limits = StoreLimits::with_max_result_bytes(result_limit(config));
         match &config.redis_url {
             None => {
                 let memory = MemoryStore::new(MemoryOptions {

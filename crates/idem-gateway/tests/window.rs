@@ -9,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use idem_conformance::Harness;
 use idem_core::{ClockShift, IdempotencyStore};
-use idem_gateway::window::{Window, RESULT_OVERHEAD};
+use idem_gateway::window::{result_limit, Window};
 use idem_gateway::{GatewayConfig, GatewayMetrics};
 
 /// The window a gateway with a config opens. Its clock is the store's own, never
@@ -40,7 +40,7 @@ fn harness(config: &GatewayConfig) -> WindowHarness {
     WindowHarness {
         window: Arc::new(Window::from_config(config, "window-test", metrics).expect("window")),
         clock: ClockShift::new(),
-        max_result_bytes: config.max_stored_bytes + RESULT_OVERHEAD,
+        max_result_bytes: result_limit(config),
     }
 }
 
