@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use idem_core::store::{verdict, Verdict};
@@ -22,8 +22,8 @@ use idem_core::{
 };
 use idem_store_kit::row::{headers_json, RecordRow};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
 };
 use sqlx::Row;
 use tokio::sync::{Mutex, OwnedMutexGuard};
@@ -103,14 +103,70 @@ impl SqliteOptions {
         Ok(Self::new(path))
     }
 
+    /// How each connection opens the file. The journal mode is left to the file, which
+    /// [`ensure_wal`](Self::ensure_wal) puts in WAL mode once: asking for it on every
+    /// connection would race other openers of a new file for a lock SQLite does not wait on.
     pub fn connect_options(&self) -> SqliteConnectOptions {
         SqliteConnectOptions::new()
             .filename(&self.path)
             .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
             .synchronous(self.synchronous)
             .busy_timeout(self.busy_timeout)
             .foreign_keys(true)
+    }
+
+    /// Puts the file in WAL mode (it stays so: the mode is stored in the file). Turning a
+    /// file into WAL takes an exclusive lock that SQLite's busy handler does not wait for,
+    /// so an opener racing others retries here, with backoff, for up to `busy_timeout`.
+    /// Fails if the file cannot run in WAL mode (a VFS without shared memory, say).
+    pub async fn ensure_wal(&self) -> Result<(), StoreError> {
+        use sqlx::{ConnectOptions, Connection};
+        let deadline = Instant::now() + self.busy_timeout;
+        let mut conn = self.connect_options().connect().await.map_err(map_err)?;
+        let mut pause = Duration::from_millis(1);
+        let outcome = loop {
+            match wal_on(&mut conn).await {
+                Ok(mode) if mode.eq_ignore_ascii_case("wal") => break Ok(()),
+                Ok(mode) => {
+                    break Err(StoreError::Unavailable(format!(
+                        "{} cannot run in WAL mode (its journal mode stays {mode})",
+                        self.path.display()
+                    )))
+                }
+                Err(e) if is_busy(&e) && Instant::now() + pause < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                Err(e) => break Err(map_err(e)),
+            }
+        };
+        let _ = conn.close().await;
+        outcome
+    }
+}
+
+/// The file's journal mode after asking for WAL; asks only when it is not WAL already,
+/// since the question alone takes no exclusive lock.
+async fn wal_on(conn: &mut SqliteConnection) -> Result<String, sqlx::Error> {
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await?;
+    if mode.eq_ignore_ascii_case("wal") {
+        return Ok(mode);
+    }
+    sqlx::query_scalar("PRAGMA journal_mode = WAL")
+        .fetch_one(conn)
+        .await
+}
+
+/// SQLITE_BUSY / SQLITE_LOCKED, with their extended codes: contention, worth a retry.
+fn is_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| matches!(c & 0xff, 5 | 6)),
+        _ => false,
     }
 }
 
@@ -133,18 +189,7 @@ pub fn map_err(e: sqlx::Error) -> StoreError {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
             StoreError::Unavailable(e.to_string())
         }
-        sqlx::Error::Database(db) => {
-            // SQLITE_BUSY / SQLITE_LOCKED (and extended codes): contention, retryable.
-            let busy = db
-                .code()
-                .and_then(|c| c.parse::<i32>().ok())
-                .is_some_and(|c| matches!(c & 0xff, 5 | 6));
-            if busy {
-                StoreError::Unavailable(e.to_string())
-            } else {
-                StoreError::Backend(e.to_string())
-            }
-        }
+        sqlx::Error::Database(_) if is_busy(&e) => StoreError::Unavailable(e.to_string()),
         _ => StoreError::Backend(e.to_string()),
     }
 }
@@ -161,6 +206,7 @@ impl SqliteStore {
         let created = private::create_file(&options.path).map_err(|e| {
             StoreError::Unavailable(format!("cannot create {}: {e}", options.path.display()))
         })?;
+        options.ensure_wal().await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(Duration::from_secs(30))

@@ -53,6 +53,7 @@ pub(crate) async fn sqlite_pool_after_ddl(
     ddl: &'static str,
 ) -> Result<sqlx::SqlitePool, StoreError> {
     use sqlx::{ConnectOptions, Connection};
+    opts.ensure_wal().await?;
     let mut conn = opts.connect_options().connect().await.map_err(raw)?;
     sqlx::raw_sql(ddl).execute(&mut conn).await.map_err(raw)?;
     conn.close().await.map_err(raw)?;
