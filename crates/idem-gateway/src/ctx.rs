@@ -131,6 +131,7 @@ impl Ctx {
                     UpstreamBase::parse(url)?,
                     upstream_tls.clone(),
                     config.upstream_connect_timeout(),
+                    config.upstream_idle_timeout(),
                     config.upstream_timeout(),
                     config.max_response_bytes,
                 )?;

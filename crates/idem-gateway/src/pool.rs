@@ -8,11 +8,16 @@
 //! [`PooledBody`]). A hyper connection's driver is a task spawned once per connection,
 //! not per request. A request that a closing connection hands back unsent is retried on
 //! another connection; one that may have been sent is never retried here.
+//!
+//! A connection idle for the pool's idle timeout is dropped at its next checkout instead
+//! of used: an upstream closes idle connections on a timer of its own, and a request sent
+//! on one it is closing at that moment is lost in flight (on a keyed route, an uncertain
+//! result). Staying under the upstream's timer keeps clear of that race.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::Authority;
@@ -44,10 +49,24 @@ pub struct Pool {
     /// TLS to the upstream, verified for the authority's host.
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
     connect_timeout: Duration,
-    idle: Mutex<Vec<SendRequest<Body>>>,
+    /// Idle connections with the time each was checked in, most recent last.
+    idle: Mutex<Vec<(SendRequest<Body>, Instant)>>,
     /// Idle connections of the keyed exchange's client.
-    conns: Mutex<Vec<Conn>>,
+    conns: Mutex<Vec<(Conn, Instant)>>,
     max_idle: usize,
+    idle_timeout: Duration,
+}
+
+/// The most recently checked-in entry not idle for `timeout`, or `None`. Entries below
+/// an expired one are older, so they are dropped with it.
+fn pop_fresh<T>(stack: &mut Vec<(T, Instant)>, timeout: Duration) -> Option<T> {
+    let (item, at) = stack.pop()?;
+    if at.elapsed() < timeout {
+        Some(item)
+    } else {
+        stack.clear();
+        None
+    }
 }
 
 impl Pool {
@@ -55,6 +74,7 @@ impl Pool {
         authority: Authority,
         tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
+        idle_timeout: Duration,
         max_idle: usize,
     ) -> Result<Self, GatewayError> {
         let port = authority
@@ -79,16 +99,17 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             conns: Mutex::new(Vec::new()),
             max_idle,
+            idle_timeout,
         })
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<SendRequest<Body>>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(SendRequest<Body>, Instant)>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn checkout_idle(&self) -> Option<SendRequest<Body>> {
         let mut idle = self.idle();
-        while let Some(s) = idle.pop() {
+        while let Some(s) = pop_fresh(&mut idle, self.idle_timeout) {
             if !s.is_closed() {
                 return Some(s);
             }
@@ -103,18 +124,18 @@ impl Pool {
         }
         let mut idle = self.idle();
         if idle.len() < self.max_idle {
-            idle.push(sender);
+            idle.push((sender, Instant::now()));
         }
     }
 
-    fn conns(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+    fn conns(&self) -> std::sync::MutexGuard<'_, Vec<(Conn, Instant)>> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// An idle connection for a buffered exchange, the most recently used open one.
     pub fn checkout_conn(&self) -> Option<Conn> {
         loop {
-            let mut conn = self.conns().pop()?;
+            let mut conn = pop_fresh(&mut self.conns(), self.idle_timeout)?;
             if conn.is_idle_open() {
                 return Some(conn);
             }
@@ -125,7 +146,7 @@ impl Pool {
     pub fn checkin_conn(&self, conn: Conn) {
         let mut conns = self.conns();
         if conns.len() < self.max_idle {
-            conns.push(conn);
+            conns.push((conn, Instant::now()));
         }
     }
 

@@ -201,6 +201,7 @@ impl Upstream {
         base: UpstreamBase,
         tls: Option<Arc<rustls::ClientConfig>>,
         connect_timeout: Duration,
+        idle_timeout: Duration,
         timeout: Duration,
         max_response_bytes: usize,
     ) -> Result<Self, GatewayError> {
@@ -214,7 +215,13 @@ impl Upstream {
                     .map_err(|e| GatewayError::Config(format!("upstream TLS: {e}")))?,
             ),
         };
-        let pool = Pool::new(base.authority.clone(), tls, connect_timeout, 1024)?;
+        let pool = Pool::new(
+            base.authority.clone(),
+            tls,
+            connect_timeout,
+            idle_timeout,
+            1024,
+        )?;
         Ok(Self {
             pool: Arc::new(pool),
             base,
@@ -548,7 +555,7 @@ mod tests {
     async fn the_common_exchange_does_not_carry_the_rare_paths() {
         let base = UpstreamBase::parse("http://127.0.0.1:9").unwrap();
         let one_s = Duration::from_secs(1);
-        let up = Upstream::new(base, None, one_s, one_s, 1024).unwrap();
+        let up = Upstream::new(base, None, one_s, one_s, one_s, 1024).unwrap();
         let h = HeaderMap::new();
         let exchange = up.exchange(&Method::POST, "/v1", &h, &[], Bytes::new());
         let state = up.query_state(&Method::GET, "/k/{key}", "k", &h, one_s);
@@ -593,7 +600,7 @@ mod tests {
         });
         let base = UpstreamBase::parse(&format!("http://{addr}")).unwrap();
         let one_s = Duration::from_secs(1);
-        let up = Upstream::new(base, None, one_s, one_s, 1024).unwrap();
+        let up = Upstream::new(base, None, one_s, one_s, one_s, 1024).unwrap();
         for i in 0..3 {
             let got = up
                 .exchange(
@@ -610,6 +617,92 @@ mod tests {
             }
         }
         server.await.unwrap();
+    }
+
+    /// A keep-alive upstream that counts the connections it accepts and answers every
+    /// request on each (a POST's body is two bytes, a GET has none).
+    async fn counting_upstream() -> (
+        UpstreamBase,
+        Arc<std::sync::atomic::AtomicUsize>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let server = tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    let mut b = [0u8; 512];
+                    loop {
+                        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match s.read(&mut b).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&b[..n]),
+                            }
+                            continue;
+                        };
+                        let body = if got.starts_with(b"POST") { 2 } else { 0 };
+                        if got.len() < end + 4 + body {
+                            match s.read(&mut b).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => got.extend_from_slice(&b[..n]),
+                            }
+                            continue;
+                        }
+                        got.drain(..end + 4 + body);
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let base = UpstreamBase::parse(&format!("http://{addr}")).unwrap();
+        (base, accepted, server)
+    }
+
+    /// A kept connection is used again within the idle timeout and not past it, on the
+    /// buffered client and on the streaming one alike.
+    #[tokio::test]
+    async fn a_connection_idle_past_the_idle_timeout_is_not_used_again() {
+        use std::sync::atomic::Ordering;
+        let (base, accepted, server) = counting_upstream().await;
+        let one_s = Duration::from_secs(1);
+        let idle = Duration::from_millis(400);
+        let up = Upstream::new(base, None, one_s, idle, one_s, 1024).unwrap();
+        let send = |keyed: bool| {
+            let up = &up;
+            async move {
+                let body = if keyed {
+                    let h = HeaderMap::new();
+                    let sent = Bytes::from_static(b"ab");
+                    match up.exchange(&Method::POST, "/v1", &h, &[], sent).await {
+                        Exchange::Complete(c) => c.body,
+                        other => panic!("keyed exchange: {other:?}"),
+                    }
+                } else {
+                    let resp = up.pass(Request::new(empty())).await.expect("pass");
+                    resp.into_body().collect().await.unwrap().to_bytes()
+                };
+                assert_eq!(&body[..], b"ok");
+            }
+        };
+        for (keyed, before) in [(true, 0), (false, 2)] {
+            send(keyed).await;
+            send(keyed).await;
+            assert_eq!(accepted.load(Ordering::SeqCst), before + 1, "reused");
+            tokio::time::sleep(idle + Duration::from_millis(200)).await;
+            send(keyed).await;
+            assert_eq!(accepted.load(Ordering::SeqCst), before + 2, "a new one");
+        }
+        server.abort();
     }
 
     #[test]
