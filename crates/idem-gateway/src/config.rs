@@ -85,8 +85,8 @@ pub struct GatewayConfig {
     pub upstream_timeout_ms: u64,
     /// Bound on connecting to the upstream.
     pub upstream_connect_timeout_ms: u64,
-    /// A kept-alive upstream connection idle this long is closed, not used again: keep it
-    /// under the upstream's own idle timeout. Default 4 s, under Node.js's and Apache's 5 s.
+    /// An upstream connection idle this long since its last response was read through is
+    /// not used again: keep it under the upstream's own idle timeout. Default 4 s (Node: 5).
     pub upstream_idle_timeout_ms: u64,
     /// A client must send its request head within this time, or the connection is closed.
     pub header_read_timeout_ms: u64,

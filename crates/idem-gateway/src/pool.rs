@@ -58,15 +58,39 @@ pub struct Pool {
 }
 
 /// The most recently checked-in entry not idle for `timeout`, or `None`. Entries below
-/// an expired one are older, so they are dropped with it.
-fn pop_fresh<T>(stack: &mut Vec<(T, Instant)>, timeout: Duration) -> Option<T> {
+/// an expired one are older, so they are dropped with it (after the lock is released).
+fn pop_fresh<T>(
+    mut stack: std::sync::MutexGuard<'_, Vec<(T, Instant)>>,
+    timeout: Duration,
+) -> Option<T> {
     let (item, at) = stack.pop()?;
     if at.elapsed() < timeout {
         Some(item)
     } else {
-        stack.clear();
+        let expired = std::mem::take(&mut *stack);
+        drop(stack);
+        drop(expired);
         None
     }
+}
+
+/// Pushes `item` stamped now, once the entries idle for `timeout` are taken off the
+/// bottom (the oldest): under light traffic the top stays fresh, and the ones below would
+/// otherwise hold their sockets, closed by the upstream, until traffic reached them.
+fn push_fresh<T>(
+    mut stack: std::sync::MutexGuard<'_, Vec<(T, Instant)>>,
+    item: T,
+    timeout: Duration,
+    max_idle: usize,
+) {
+    let now = Instant::now();
+    let expired = stack.partition_point(|(_, at)| now.duration_since(*at) >= timeout);
+    let expired: Vec<_> = stack.drain(..expired).collect();
+    if stack.len() < max_idle {
+        stack.push((item, now));
+    }
+    drop(stack);
+    drop(expired);
 }
 
 impl Pool {
@@ -108,8 +132,7 @@ impl Pool {
     }
 
     fn checkout_idle(&self) -> Option<SendRequest<Body>> {
-        let mut idle = self.idle();
-        while let Some(s) = pop_fresh(&mut idle, self.idle_timeout) {
+        while let Some(s) = pop_fresh(self.idle(), self.idle_timeout) {
             if !s.is_closed() {
                 return Some(s);
             }
@@ -122,10 +145,7 @@ impl Pool {
         if sender.is_closed() {
             return;
         }
-        let mut idle = self.idle();
-        if idle.len() < self.max_idle {
-            idle.push((sender, Instant::now()));
-        }
+        push_fresh(self.idle(), sender, self.idle_timeout, self.max_idle);
     }
 
     fn conns(&self) -> std::sync::MutexGuard<'_, Vec<(Conn, Instant)>> {
@@ -135,7 +155,7 @@ impl Pool {
     /// An idle connection for a buffered exchange, the most recently used open one.
     pub fn checkout_conn(&self) -> Option<Conn> {
         loop {
-            let mut conn = pop_fresh(&mut self.conns(), self.idle_timeout)?;
+            let mut conn = pop_fresh(self.conns(), self.idle_timeout)?;
             if conn.is_idle_open() {
                 return Some(conn);
             }
@@ -144,10 +164,7 @@ impl Pool {
 
     /// Returns a connection whose last exchange ended cleanly.
     pub fn checkin_conn(&self, conn: Conn) {
-        let mut conns = self.conns();
-        if conns.len() < self.max_idle {
-            conns.push((conn, Instant::now()));
-        }
+        push_fresh(self.conns(), conn, self.idle_timeout, self.max_idle);
     }
 
     /// A new connection for a buffered exchange.

@@ -621,22 +621,27 @@ mod tests {
 
     /// A keep-alive upstream that counts the connections it accepts and answers every
     /// request on each (a POST's body is two bytes, a GET has none).
-    async fn counting_upstream() -> (
-        UpstreamBase,
-        Arc<std::sync::atomic::AtomicUsize>,
-        tokio::task::JoinHandle<()>,
-    ) {
+    async fn counting_upstream() -> (UpstreamBase, Counts, tokio::task::JoinHandle<()>) {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
+        let counts = Counts::default();
+        let count = counts.clone();
         let server = tokio::spawn(async move {
             loop {
                 let (mut s, _) = listener.accept().await.unwrap();
-                count.fetch_add(1, Ordering::SeqCst);
+                count.accepted.fetch_add(1, Ordering::SeqCst);
+                let closed = count.closed.clone();
                 tokio::spawn(async move {
+                    // Counts the connection closed by the client when its task ends.
+                    struct Closed(Arc<AtomicUsize>);
+                    impl Drop for Closed {
+                        fn drop(&mut self) {
+                            self.0.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    let _closed = Closed(closed);
                     let mut got = Vec::new();
                     let mut b = [0u8; 512];
                     loop {
@@ -665,7 +670,22 @@ mod tests {
             }
         });
         let base = UpstreamBase::parse(&format!("http://{addr}")).unwrap();
-        (base, accepted, server)
+        (base, counts, server)
+    }
+
+    #[derive(Clone, Default)]
+    struct Counts {
+        accepted: Arc<std::sync::atomic::AtomicUsize>,
+        closed: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    async fn keyed_ok(up: &Upstream) {
+        let h = HeaderMap::new();
+        let sent = Bytes::from_static(b"ab");
+        match up.exchange(&Method::POST, "/v1", &h, &[], sent).await {
+            Exchange::Complete(c) => assert_eq!(&c.body[..], b"ok"),
+            other => panic!("keyed exchange: {other:?}"),
+        }
     }
 
     /// A kept connection is used again within the idle timeout and not past it, on the
@@ -673,35 +693,59 @@ mod tests {
     #[tokio::test]
     async fn a_connection_idle_past_the_idle_timeout_is_not_used_again() {
         use std::sync::atomic::Ordering;
-        let (base, accepted, server) = counting_upstream().await;
+        let (base, counts, server) = counting_upstream().await;
+        let accepted = &counts.accepted;
         let one_s = Duration::from_secs(1);
-        let idle = Duration::from_millis(400);
+        let idle = Duration::from_millis(1000);
         let up = Upstream::new(base, None, one_s, idle, one_s, 1024).unwrap();
         let send = |keyed: bool| {
             let up = &up;
             async move {
-                let body = if keyed {
-                    let h = HeaderMap::new();
-                    let sent = Bytes::from_static(b"ab");
-                    match up.exchange(&Method::POST, "/v1", &h, &[], sent).await {
-                        Exchange::Complete(c) => c.body,
-                        other => panic!("keyed exchange: {other:?}"),
-                    }
+                if keyed {
+                    keyed_ok(up).await;
                 } else {
                     let resp = up.pass(Request::new(empty())).await.expect("pass");
-                    resp.into_body().collect().await.unwrap().to_bytes()
-                };
-                assert_eq!(&body[..], b"ok");
+                    let body = resp.into_body().collect().await.unwrap().to_bytes();
+                    assert_eq!(&body[..], b"ok");
+                }
             }
         };
         for (keyed, before) in [(true, 0), (false, 2)] {
             send(keyed).await;
             send(keyed).await;
             assert_eq!(accepted.load(Ordering::SeqCst), before + 1, "reused");
-            tokio::time::sleep(idle + Duration::from_millis(200)).await;
+            tokio::time::sleep(idle + Duration::from_millis(300)).await;
             send(keyed).await;
             assert_eq!(accepted.load(Ordering::SeqCst), before + 2, "a new one");
         }
+        server.abort();
+    }
+
+    /// Under light traffic only the newest kept connection is used; an older one idle
+    /// past the timeout is closed at the next check-in, not left to the upstream.
+    #[tokio::test]
+    async fn an_expired_connection_under_a_used_one_is_closed_at_check_in() {
+        use std::sync::atomic::Ordering;
+        let (base, counts, server) = counting_upstream().await;
+        let one_s = Duration::from_secs(1);
+        let up = Upstream::new(base, None, one_s, one_s, one_s, 1024).unwrap();
+        // Two kept connections.
+        tokio::join!(keyed_ok(&up), keyed_ok(&up));
+        assert_eq!(counts.accepted.load(Ordering::SeqCst), 2);
+        // The newest is used twice, 0.7 s apart: at the second check-in the other one
+        // has been idle 1.4 s. (A stall that lets the newest expire closes both.)
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            keyed_ok(&up).await;
+        }
+        let waited = std::time::Instant::now();
+        while counts.closed.load(Ordering::SeqCst) == 0 && waited.elapsed() < one_s * 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            counts.closed.load(Ordering::SeqCst) >= 1,
+            "the expired connection is still open"
+        );
         server.abort();
     }
 

@@ -121,19 +121,23 @@ impl SqliteOptions {
     /// Fails if the file cannot run in WAL mode (a VFS without shared memory, say).
     pub async fn ensure_wal(&self) -> Result<(), StoreError> {
         use sqlx::{ConnectOptions, Connection};
-        let deadline = Instant::now() + self.busy_timeout;
-        let mut conn = self.connect_options().connect().await.map_err(map_err)?;
+        let start = Instant::now();
+        // Each statement's own wait stays short, so this loop keeps the whole deadline.
+        let options = self
+            .connect_options()
+            .busy_timeout(self.busy_timeout.min(WAL_STEP_WAIT));
+        let mut conn = options.connect().await.map_err(map_err)?;
         let mut pause = Duration::from_millis(1);
         let outcome = loop {
             match wal_on(&mut conn).await {
                 Ok(mode) if mode.eq_ignore_ascii_case("wal") => break Ok(()),
                 Ok(mode) => {
-                    break Err(StoreError::Unavailable(format!(
+                    break Err(StoreError::Backend(format!(
                         "{} cannot run in WAL mode (its journal mode stays {mode})",
                         self.path.display()
                     )))
                 }
-                Err(e) if is_busy(&e) && Instant::now() + pause < deadline => {
+                Err(e) if is_busy(&e) && start.elapsed() + pause < self.busy_timeout => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(50));
                 }
@@ -144,6 +148,9 @@ impl SqliteOptions {
         outcome
     }
 }
+
+/// How long one statement of [`SqliteOptions::ensure_wal`] waits in SQLite's busy handler.
+const WAL_STEP_WAIT: Duration = Duration::from_millis(100);
 
 /// The file's journal mode after asking for WAL; asks only when it is not WAL already,
 /// since the question alone takes no exclusive lock.

@@ -7,7 +7,7 @@ use idem_sqlite::{SqliteOptions, SqliteStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_stores_opening_one_new_file_at_once_all_open_it() {
-    for round in 0..150 {
+    for round in 0..100 {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idem.db");
         let opened = join_all((0..8).map(|_| SqliteStore::open(SqliteOptions::new(&path)))).await;
