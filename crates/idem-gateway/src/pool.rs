@@ -84,8 +84,14 @@ fn push_fresh<T>(
     max_idle: usize,
 ) {
     let now = Instant::now();
-    let expired = stack.partition_point(|(_, at)| now.duration_since(*at) >= timeout);
-    let expired: Vec<_> = stack.drain(..expired).collect();
+    let is_expired = |at: &Instant| now.duration_since(*at) >= timeout;
+    // Most check-ins find the oldest entry fresh: one comparison, nothing taken off.
+    let expired: Vec<_> = if stack.first().is_some_and(|(_, at)| is_expired(at)) {
+        let n = stack.partition_point(|(_, at)| is_expired(at));
+        stack.drain(..n).collect()
+    } else {
+        Vec::new()
+    };
     if stack.len() < max_idle {
         stack.push((item, now));
     }
