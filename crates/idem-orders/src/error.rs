@@ -71,11 +71,7 @@ impl From<sqlx::Error> for Error {
                 Error::Unavailable(e.to_string())
             }
             sqlx::Error::Database(db) => {
-                // SQLITE_BUSY / SQLITE_LOCKED: contention, retryable.
-                let sqlite_busy = db
-                    .code()
-                    .and_then(|c| c.parse::<i32>().ok())
-                    .is_some_and(|c| matches!(c & 0xff, 5 | 6));
+                let sqlite_busy = idem_sqlite::is_busy(&e);
                 // PostgreSQL class 08 (connection), 57P01..03 (shutdown), 40001/40P01.
                 let pg_transient = db.code().is_some_and(|c| {
                     c.starts_with("08") || c.starts_with("57P") || c == "40001" || c == "40P01"

@@ -20,11 +20,12 @@ use crate::SqlStore;
 fn store_error(e: sqlx::Error) -> StoreError {
     let transient = match &e {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            c.parse::<i32>().is_ok_and(|n| matches!(n & 0xff, 5 | 6))
-                || c.starts_with("08")
-                || c.starts_with("57P")
-        }),
+        sqlx::Error::Database(db) => {
+            idem_sqlite::is_busy(&e)
+                || db
+                    .code()
+                    .is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
+        }
         _ => false,
     };
     if transient {

@@ -167,7 +167,7 @@ async fn wal_on(conn: &mut SqliteConnection) -> Result<String, sqlx::Error> {
 }
 
 /// SQLITE_BUSY / SQLITE_LOCKED, with their extended codes: contention, worth a retry.
-fn is_busy(e: &sqlx::Error) -> bool {
+pub fn is_busy(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(db) => db
             .code()
