@@ -9,8 +9,8 @@
 //! not per request. A request that a closing connection hands back unsent is retried on
 //! another connection; one that may have been sent is never retried here.
 //!
-//! A connection idle for the pool's idle timeout is dropped at its next checkout instead
-//! of used: an upstream closes idle connections on a timer of its own, and a request sent
+//! A connection idle for the pool's idle timeout is dropped instead of used (at checkout,
+//! or at a check-in that finds it at the bottom of the stack): an upstream closes idle connections on a timer of its own, and a request sent
 //! on one it is closing at that moment is lost in flight (on a keyed route, an uncertain
 //! result). Staying under the upstream's timer keeps clear of that race.
 
